@@ -1,0 +1,55 @@
+# FusionLens: two commands do all the set-up on a fresh machine.
+#   make run   - create .venv, install, start the dashboard on 127.0.0.1
+#   make test  - create .venv, install (test deps and Debian's chromium too), run every test
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.installed-dev
+
+.PHONY: run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): requirements.txt | $(PY)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(DEVSTAMP): requirements.txt requirements-dev.txt $(STAMP)
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+install: $(STAMP)
+install-dev: $(DEVSTAMP)
+
+# Debian's chromium for the end-to-end browser tests (never `playwright install`).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium for browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; }
+
+run: $(STAMP)
+	$(PY) -m streamlit run app.py --server.address 127.0.0.1
+
+test: $(DEVSTAMP) chromium
+	$(PY) -m pytest -q -n 2 --timeout 900 tests
+
+bench: bench-ingest bench-analyses bench-kernels bench-capture
+
+bench-ingest: $(DEVSTAMP)
+	$(PY) benchmarks/bench_ingest.py
+
+bench-analyses: $(DEVSTAMP)
+	$(PY) benchmarks/bench_analyses.py
+
+bench-kernels: $(DEVSTAMP)
+	$(PY) benchmarks/bench_kernels.py
+
+bench-capture: $(DEVSTAMP)
+	$(PY) benchmarks/bench_capture.py
+
+clean:
+	rm -rf $(VENV) .fusionlens .pytest_cache

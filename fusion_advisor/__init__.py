@@ -1,0 +1,1 @@
+"""Fusion advisor: match, rewrite, numerics gate, measure."""

@@ -1,0 +1,194 @@
+"""Registry of fused kernels: `KernelSpec` objects registered by decorator.
+
+A kernel has a `reference` composed from eager PyTorch ops (the truth for tests), `providers`
+(implementations keyed by provider name: "cpu" = our C++ extension, "triton" = Triton for CUDA,
+"aten" = an ATen fused op where that is the best available), `supports` (dtypes, devices, shape
+checks) and `cost` (FLOPs and bytes of the fused kernel vs. the unfused chain: the same numbers
+the roofline and the advisor read).
+
+Provider choice is automatic (first available provider in `PROVIDER_ORDER` for the tensor's
+device that supports it) and can be overridden with `provider=`. An unavailable provider keeps its
+reason as a value (`provider_status()`), so the UI can show why it was skipped.
+
+This package imports nothing from `profiler` or `fusion_advisor`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+# Provider preference per device type. "reference" (eager composition) is always last.
+PROVIDER_ORDER: dict[str, tuple[str, ...]] = {
+    "cpu": ("cpu", "aten", "reference"),
+    "cuda": ("triton", "aten", "reference"),
+}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of one call. Bytes are algorithmic (inputs + outputs at their dtypes)."""
+
+    flops: float
+    bytes_fused: float  # bytes the fused kernel reads + writes
+    bytes_unfused: float  # bytes the eager chain reads + writes (intermediates written and re-read)
+
+    @property
+    def bytes_saved(self) -> float:
+        return max(self.bytes_unfused - self.bytes_fused, 0.0)
+
+
+@dataclass(frozen=True)
+class Supports:
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    # Optional extra check on the call's arguments: returns None if fine, else a reason string.
+    check: Callable[..., str | None] | None = None
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    reference: Callable[..., Any]
+    providers: Mapping[str, Callable[..., Any]]  # provider name -> implementation
+    supports: Supports = field(default_factory=Supports)
+    cost: Callable[..., Cost] | None = None
+    description: str = ""
+    # Per-provider extra support checks: provider -> fn(*args, **kwargs) -> reason | None.
+    provider_checks: Mapping[str, Callable[..., str | None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isidentifier():
+            raise ValueError(f"kernel name must be an identifier, got {self.name!r}")
+        if not callable(self.reference):
+            raise TypeError(f"kernel {self.name}: reference must be callable")
+        unknown = set(self.providers) - {p for order in PROVIDER_ORDER.values() for p in order}
+        if unknown:
+            raise ValueError(f"kernel {self.name}: unknown providers {sorted(unknown)}")
+
+
+KERNELS: dict[str, KernelSpec] = {}
+
+# provider -> callable returning None when usable, else the reason it is not (cached by caller).
+_PROVIDER_PROBES: dict[str, Callable[[], str | None]] = {}
+_PROBE_RESULTS: dict[str, str | None] = {}
+
+
+def register_kernel(spec: KernelSpec) -> KernelSpec:
+    """Register a KernelSpec; a duplicate name raises."""
+    if spec.name in KERNELS:
+        raise ValueError(f"kernel {spec.name!r} is already registered")
+    KERNELS[spec.name] = spec
+    return spec
+
+
+def register_provider_probe(provider: str):
+    """Decorator: register the availability probe of a provider (run lazily, once)."""
+
+    def wrap(fn: Callable[[], str | None]) -> Callable[[], str | None]:
+        if provider in _PROVIDER_PROBES:
+            raise ValueError(f"provider probe {provider!r} is already registered")
+        _PROVIDER_PROBES[provider] = fn
+        return fn
+
+    return wrap
+
+
+def provider_unavailable_reason(provider: str) -> str | None:
+    """None if `provider` works on this machine, else why not. Probed once, then cached."""
+    if provider in ("reference", "aten"):
+        return None
+    if provider not in _PROBE_RESULTS:
+        probe = _PROVIDER_PROBES.get(provider)
+        if probe is None:
+            _PROBE_RESULTS[provider] = f"no probe registered for provider {provider!r}"
+        else:
+            try:
+                _PROBE_RESULTS[provider] = probe()
+            except Exception as exc:  # a probe must never take the program down
+                _PROBE_RESULTS[provider] = f"{type(exc).__name__}: {exc}"
+    return _PROBE_RESULTS[provider]
+
+
+def triton_interpreted() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1): tests only."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available_providers() -> dict[str, str | None]:
+    """{provider: None if available else the reason}, for every known provider."""
+    names = {p for order in PROVIDER_ORDER.values() for p in order}
+    return {p: provider_unavailable_reason(p) for p in sorted(names)}
+
+
+def _device_type(args: tuple[Any, ...]) -> str:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return "cpu"
+
+
+def _dtype(args: tuple[Any, ...]) -> torch.dtype | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.dtype
+    return None
+
+
+def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """None if `provider` can run this call of `spec`, else the reason it cannot."""
+    if provider != "reference" and provider not in spec.providers:
+        return f"{spec.name} has no {provider} provider"
+    reason = provider_unavailable_reason(provider)
+    if reason:
+        return reason
+    device = _device_type(args)
+    if provider == "reference":
+        return None
+    interpreted = provider == "triton" and device == "cpu" and triton_interpreted()
+    if not interpreted and (device not in PROVIDER_ORDER or provider not in PROVIDER_ORDER[device]):
+        return f"provider {provider} does not run on {device} tensors"
+    if device not in spec.supports.devices:
+        return f"{spec.name} does not support device {device}"
+    dtype = _dtype(args)
+    if dtype is not None and dtype not in spec.supports.dtypes:
+        return f"{spec.name} does not support dtype {dtype}"
+    for check in (spec.supports.check, spec.provider_checks.get(provider)):
+        if check is not None:
+            reason = check(*args, **kwargs)
+            if reason:
+                return reason
+    return None
+
+
+def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                    provider: str | None = None) -> tuple[str, dict[str, str]]:
+    """Pick the provider for this call.
+
+    Returns (chosen provider, {skipped provider: reason}). An explicit `provider` that cannot run
+    raises ValueError with the reason, rather than silently running something else.
+    """
+    if provider is not None:
+        reason = why_not(spec, provider, args, kwargs)
+        if reason:
+            raise ValueError(f"{spec.name}: provider {provider!r} unavailable: {reason}")
+        return provider, {}
+    skipped: dict[str, str] = {}
+    for p in PROVIDER_ORDER.get(_device_type(args), ("reference",)):
+        if p != "reference" and p not in spec.providers:
+            continue
+        reason = why_not(spec, p, args, kwargs)
+        if reason is None:
+            return p, skipped
+        skipped[p] = reason
+    return "reference", skipped
+
+
+def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) -> Any:
+    """Run kernel `name` with the best (or the requested) provider."""
+    spec = KERNELS[name]
+    chosen, _ = select_provider(spec, args, kwargs, provider)
+    fn = spec.reference if chosen == "reference" else spec.providers[chosen]
+    return fn(*args, **kwargs)

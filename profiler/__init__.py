@@ -1,0 +1,1 @@
+"""FusionLens profiler: trace model and ingestion, capture, analyses, presentation, CLI."""

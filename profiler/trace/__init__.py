@@ -1,0 +1,5 @@
+"""The Trace model, its ingestion and its store."""
+from profiler.trace.model import Trace, TraceError
+from profiler.trace.schema import COLUMNS, KINDS, SCHEMA_VERSION
+
+__all__ = ["Trace", "TraceError", "COLUMNS", "KINDS", "SCHEMA_VERSION"]
