@@ -12,10 +12,11 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from profiler.errors import FusionLensError
 from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS, MEMORY_COLUMNS, SCHEMA_VERSION
 
 
-class TraceError(ValueError):
+class TraceError(FusionLensError):
     """Bad input: the message is one human line naming the source and what is wrong."""
 
 
