@@ -1,0 +1,184 @@
+"""Capture backends: a registry of ways to run a model's steps under a profiler (DESIGN.md, Capture).
+
+A backend is a function
+
+    fn(step_fn, plan, out_dir, progress=None) -> CaptureResult
+
+- `step_fn(i: int) -> None` runs training/inference step `i` (0-based) and synchronises the
+  device, so a backend only has to call it `plan.steps` times (wait + warmup + active) and mark
+  step boundaries the way its profiler wants (Kineto: `prof.step()`).
+- `plan` is a `CapturePlan` (frozen, validated): what to record.
+- `out_dir` is an existing directory; the backend writes its raw trace there (Kineto: a
+  Perfetto-openable JSON) and returns its path.
+- `progress(done_steps, total_steps, message)` is an optional callback for progress bars.
+
+It returns a `CaptureResult`: the `Trace`, the raw trace path, `sources_off` (source -> one-line
+reason it was off, e.g. {"nvml": "no NVIDIA driver: NVMLError_LibraryNotFound"}) and timings.
+
+Backends register with `@register_backend(name, probe=...)`; a duplicate name is an error. `probe`
+(optional) returns None when the backend can run here, else the reason it cannot; it is called
+lazily and cached. Built-in backend modules (imported on first lookup, never at import time):
+`profiler.capture.kineto` (default, this helper) and `profiler.capture.cupti` (the cupti-python
+kernel-only tracer). A missing built-in module is skipped; its absence is reported by name.
+
+NVML is not a backend: the runner wraps any backend in `profiler.capture.nvml.NvmlSampler(hz=50)`
+on CUDA (a context manager with `.unavailable_reason: str | None` and `.samples() -> DataFrame`
+with `profiler.trace.schema.COUNTER_COLUMNS`) and merges the samples into `Trace.counters`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Protocol
+
+from profiler.errors import FusionLensError
+from profiler.trace.model import Trace
+
+DEVICES = ("cpu", "cuda")
+MODES = ("train", "infer")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+BUILTIN_BACKEND_MODULES = ("profiler.capture.kineto", "profiler.capture.cupti")
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+class CaptureError(FusionLensError):
+    """A capture could not run (unknown backend, unusable device, ...): one human line."""
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """What one capture records. `steps` = wait + warmup + active steps run in total.
+
+    wait: steps run unprofiled first; warmup: profiled but discarded (Kineto warm-up);
+    active: steps kept in the trace. nvml: sample NVML counters when on CUDA.
+    flops: run the separate untimed FLOPs/bytes pass and join it to the trace.
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    mode: str = "train"
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    record_shapes: bool = True
+    profile_memory: bool = False
+    with_stack: bool = False
+    nvml: bool = True
+    flops: bool = True
+    backend: str = "kineto"
+
+    def __post_init__(self) -> None:
+        if self.device.split(":")[0] not in DEVICES:
+            raise CaptureError(f"device must be one of {DEVICES} (optionally cuda:N), got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise CaptureError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.mode not in MODES:
+            raise CaptureError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("wait", "warmup", "active"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0 or value > 10_000:
+                raise CaptureError(f"{name} must be an integer in [0, 10000], got {value!r}")
+        if self.active < 1:
+            raise CaptureError("active steps must be >= 1")
+
+    @property
+    def steps(self) -> int:
+        """Total steps the backend runs: wait + warmup + active."""
+        return self.wait + self.warmup + self.active
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """One capture's output. timings: phase -> seconds (e.g. run_s, export_s, load_s)."""
+
+    trace: Trace
+    raw_path: Optional[Path]
+    sources_off: Mapping[str, str] = field(default_factory=dict)
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trace, Trace):
+            raise TypeError(f"CaptureResult.trace must be a Trace, got {type(self.trace).__name__}")
+        object.__setattr__(self, "sources_off", MappingProxyType(dict(self.sources_off)))
+        object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
+
+
+class BackendFn(Protocol):
+    def __call__(self, step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Path,
+                 progress: Optional[ProgressFn] = None) -> CaptureResult: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered backend and its availability probe (None = always available)."""
+
+    name: str
+    fn: BackendFn
+    probe: Optional[Callable[[], Optional[str]]] = None
+    doc: str = ""
+
+
+BACKENDS: dict[str, Backend] = {}
+_PROBED: dict[str, Optional[str]] = {}
+_MISSING_MODULES: dict[str, str] = {}
+
+
+def register_backend(name: str, probe: Optional[Callable[[], Optional[str]]] = None):
+    """Decorator: register a capture backend under `name`; a duplicate name raises ValueError."""
+
+    def wrap(fn: BackendFn) -> BackendFn:
+        if name in BACKENDS:
+            raise ValueError(f"capture backend {name!r} is already registered")
+        doc = (fn.__doc__ or "").strip().splitlines()
+        BACKENDS[name] = Backend(name, fn, probe, doc[0] if doc else "")
+        return fn
+
+    return wrap
+
+
+def load_builtin_backends() -> None:
+    """Import the built-in backend modules once; a module that is not there is noted, not fatal."""
+    for module in BUILTIN_BACKEND_MODULES:
+        if module in _MISSING_MODULES:
+            continue
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # the module exists but one of its imports does not
+                raise
+            _MISSING_MODULES[module] = f"module {module} is not installed"
+
+
+def unavailable_reason(name: str) -> Optional[str]:
+    """None when backend `name` can run here, else one line saying why not (cached)."""
+    load_builtin_backends()
+    if name not in BACKENDS:
+        return f"unknown capture backend {name!r} (known: {', '.join(sorted(BACKENDS)) or 'none'})"
+    if name not in _PROBED:
+        probe = BACKENDS[name].probe
+        try:
+            _PROBED[name] = probe() if probe else None
+        except Exception as exc:  # a probe must never crash a capture: its failure is the reason
+            _PROBED[name] = f"{name} probe failed: {type(exc).__name__}: {exc}"
+    return _PROBED[name]
+
+
+def get_backend(name: str) -> Backend:
+    """The backend `name`, or CaptureError naming why it cannot be used here."""
+    reason = unavailable_reason(name)
+    if reason:
+        raise CaptureError(reason)
+    return BACKENDS[name]
+
+
+def available_backends() -> dict[str, Optional[str]]:
+    """Every known backend -> None (usable) or the reason it is not."""
+    load_builtin_backends()
+    return {name: unavailable_reason(name) for name in sorted(BACKENDS)}
