@@ -1,0 +1,14 @@
+"""FusionLens dashboard: a router over the pages in `pages/` (rendering only).
+
+Run with `make run` (or `streamlit run app.py`); the server binds 127.0.0.1 by default
+(.streamlit/config.toml). Pages share the loaded Trace through `st.session_state`.
+"""
+import streamlit as st
+
+st.set_page_config(page_title="FusionLens", page_icon="🔬", layout="wide")
+
+PAGES = [
+    st.Page("pages/load.py", title="Load", icon="📂", default=True),
+]
+
+st.navigation(PAGES).run()

@@ -1,0 +1,64 @@
+"""Session-level helpers shared by the pages: the loaded Trace and cached parsing.
+
+Parsing is cached by content hash (sha256 of the uploaded bytes), so reruns and page switches
+never parse the same bytes twice.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import streamlit as st
+
+from profiler.trace import Trace, load_trace
+
+TRACE_KEY = "fusionlens_trace"
+SAMPLES_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces"
+
+
+def content_hash(blobs: list[tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for name, data in blobs:
+        h.update(name.encode())
+        h.update(hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _load_blobs(key: str, _blobs: tuple[tuple[str, bytes], ...]) -> Trace:
+    """Parse uploaded files once per content hash `key` (the blobs themselves are not hashed again)."""
+    from io import BytesIO
+
+    sources = []
+    for name, data in _blobs:
+        buf = BytesIO(data)
+        buf.name = name  # the loader names the file in its messages and sniffs .gz/.zip
+        sources.append(buf)
+    return load_trace(sources if len(sources) > 1 else sources[0])
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _load_paths(paths: tuple[str, ...], mtimes: tuple[float, ...]) -> Trace:
+    return load_trace(list(paths) if len(paths) > 1 else paths[0])
+
+
+def load_uploaded(blobs: list[tuple[str, bytes]]) -> Trace:
+    return _load_blobs(content_hash(blobs), tuple(blobs))
+
+
+def load_paths(paths: list[str]) -> Trace:
+    mtimes = tuple(Path(p).stat().st_mtime if Path(p).exists() else 0.0 for p in paths)
+    return _load_paths(tuple(paths), mtimes)
+
+
+def current_trace() -> Trace | None:
+    return st.session_state.get(TRACE_KEY)
+
+
+def set_trace(trace: Trace, label: str) -> None:
+    st.session_state[TRACE_KEY] = trace
+    st.session_state[TRACE_KEY + "_label"] = label
+
+
+def sample_traces() -> list[Path]:
+    return sorted(SAMPLES_DIR.glob("*.json.gz")) if SAMPLES_DIR.is_dir() else []

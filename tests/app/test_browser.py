@@ -1,0 +1,71 @@
+"""End to end in a real headless Chromium (Debian's, never a downloaded one): start the server,
+upload a real trace through the file input, wait for the summary, take a screenshot."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "tests" / "data" / "traces" / "tracelens_h100_bert_small.json.gz"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run"]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    env = dict(os.environ, FUSIONLENS_DATA_DIR=str(tmp_path_factory.mktemp("data")))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("streamlit did not become healthy: " + proc.stdout.read().decode()[-2000:])
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_upload_shows_summary(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server)
+        page.get_by_text("Load a trace").first.wait_for(timeout=60_000)
+        page.locator("input[type=file]").set_input_files(str(TRACE))
+        page.get_by_text("Top kernels by total time").wait_for(timeout=90_000)
+        assert page.get_by_text("Kernel time").count() >= 1
+        assert page.locator("text=Traceback").count() == 0
+        shot = ROOT / "tests" / "app" / "screenshots"
+        shot.mkdir(exist_ok=True)
+        page.screenshot(path=str(shot / "load.png"), full_page=True)
+        browser.close()
