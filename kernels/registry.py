@@ -15,6 +15,8 @@ This package imports nothing from `profiler` or `fusion_advisor`.
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -110,6 +112,38 @@ def provider_unavailable_reason(provider: str) -> str | None:
             except Exception as exc:  # a probe must never take the program down
                 _PROBE_RESULTS[provider] = f"{type(exc).__name__}: {exc}"
     return _PROBE_RESULTS[provider]
+
+
+_POISON = threading.local()
+
+
+@contextmanager
+def poison_outputs():
+    """Within this block, `new_output` fills fresh outputs with NaN (tests: unwritten elements show)."""
+    previous = getattr(_POISON, "on", False)
+    _POISON.on = True
+    try:
+        yield
+    finally:
+        _POISON.on = previous
+
+
+def poisoning() -> bool:
+    """True inside `poison_outputs()` on this thread."""
+    return getattr(_POISON, "on", False)
+
+
+def new_output(shape: tuple[int, ...] | torch.Size, like: torch.Tensor,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Allocate a kernel output (contiguous, on `like`'s device); NaN-filled under poison_outputs().
+
+    Providers allocate every output through this (and pass it to their C++/Triton kernel), so a
+    test can poison them and catch elements a kernel forgot to write.
+    """
+    out = torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)
+    if poisoning() and out.is_floating_point():
+        out.fill_(float("nan"))
+    return out
 
 
 def triton_interpreted() -> bool:
