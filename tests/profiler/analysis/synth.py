@@ -1,0 +1,165 @@
+"""Synthetic Kineto traces with known answers, written as real JSON and loaded through `load_trace`.
+
+Tests describe a trace with a few calls on a `SynthTrace` builder (times in µs, relative to a
+`base_us` clock origin that `load_trace` subtracts again) and get a `Trace` back, so every test
+also exercises ingestion. Events follow the current Kineto JSON format: `ph: X` complete events
+with `cat` in cpu_op / cuda_runtime / cuda_driver / kernel / gpu_memcpy / gpu_memset /
+user_annotation, `args` as Kineto writes them, and `ac2g` flow pairs (`s` at the runtime call,
+`f` at the GPU activity) keyed by correlation id.
+
+    t = SynthTrace(rank=0)
+    t.step(1, 0, 100)                                     # ProfilerStep#1 over [0, 100)
+    t.launch("aten::mm", "sm80_xmma_gemm_f16", cpu_ts=5, kernel_ts=20, dur=30)
+    trace = load([t], tmp_path)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+HOST_PID = 4242
+HOST_TID = 11
+
+DEFAULT_DEVICE_PROPERTIES: dict[str, Any] = {
+    "id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85031714816,
+    "computeMajor": 8, "computeMinor": 0, "maxThreadsPerBlock": 1024,
+    "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536, "regsPerMultiprocessor": 65536,
+    "warpSize": 32, "sharedMemPerBlock": 49152, "sharedMemPerMultiprocessor": 167936,
+    "numSms": 108, "sharedMemPerBlockOptin": 166912,
+}
+
+
+@dataclass
+class SynthTrace:
+    """Builder for one rank's Kineto JSON. Times are µs after `base_us`."""
+
+    rank: int = 0
+    world_size: int = 1
+    base_us: float = 1_700_000_000_000.0
+    device: int = 0
+    num_sms: int = 108
+    events: list[dict[str, Any]] = field(default_factory=list)
+    _next_corr: int = 1000
+    _next_ext: int = 1
+
+    # ---- raw events -------------------------------------------------------------------------
+    def _x(self, cat: str, name: str, ts: float, dur: float, pid: int, tid: int,
+           args: dict[str, Any] | None = None) -> dict[str, Any]:
+        ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
+              "ts": self.base_us + ts, "dur": dur, "args": args or {}}
+        self.events.append(ev)
+        return ev
+
+    def new_corr(self) -> int:
+        self._next_corr += 1
+        return self._next_corr
+
+    def new_ext(self) -> int:
+        self._next_ext += 1
+        return self._next_ext
+
+    def cpu_op(self, name: str, ts: float, dur: float, *, ext: int | None = None,
+               tid: int = HOST_TID, **args: Any) -> dict[str, Any]:
+        a = dict(args)
+        if ext is not None:
+            a["External id"] = ext
+        return self._x("cpu_op", name, ts, dur, HOST_PID, tid, a)
+
+    def annotation(self, name: str, ts: float, dur: float, *, tid: int = HOST_TID) -> dict[str, Any]:
+        return self._x("user_annotation", name, ts, dur, HOST_PID, tid, {})
+
+    def step(self, n: int, ts: float, dur: float) -> dict[str, Any]:
+        return self.annotation(f"ProfilerStep#{n}", ts, dur)
+
+    def runtime(self, name: str, ts: float, dur: float, *, corr: int, ext: int | None = None,
+                tid: int = HOST_TID, cat: str = "cuda_runtime") -> dict[str, Any]:
+        a: dict[str, Any] = {"correlation": corr}
+        if ext is not None:
+            a["External id"] = ext
+        return self._x(cat, name, ts, dur, HOST_PID, tid, a)
+
+    def kernel(self, name: str, ts: float, dur: float, *, corr: int, ext: int | None = None,
+               stream: int = 7, grid: tuple[int, int, int] = (1, 1, 1),
+               block: tuple[int, int, int] = (128, 1, 1), occupancy_pct: float | None = None,
+               **args: Any) -> dict[str, Any]:
+        a: dict[str, Any] = {"queued": 0, "device": self.device, "context": 1, "stream": stream,
+                             "correlation": corr, "registers per thread": 32, "shared memory": 0,
+                             "blocks per SM": grid[0] * grid[1] * grid[2] / self.num_sms,
+                             "warps per SM": 4.0, "grid": list(grid), "block": list(block)}
+        if ext is not None:
+            a["External id"] = ext
+        if occupancy_pct is not None:
+            a["est. achieved occupancy %"] = occupancy_pct
+        a.update(args)
+        return self._x("kernel", name, ts, dur, self.device, stream, a)
+
+    def memcpy(self, direction: str, ts: float, dur: float, nbytes: int, *, corr: int,
+               ext: int | None = None, stream: int = 7, src: str = "Pageable",
+               dst: str = "Device") -> dict[str, Any]:
+        a: dict[str, Any] = {"device": self.device, "context": 1, "stream": stream,
+                             "correlation": corr, "bytes": nbytes,
+                             "memory bandwidth (GB/s)": nbytes / (dur * 1e3) if dur else 0.0}
+        if ext is not None:
+            a["External id"] = ext
+        name = f"Memcpy {direction} ({src} -> {dst})"
+        return self._x("gpu_memcpy", name, ts, dur, self.device, stream, a)
+
+    def memset(self, ts: float, dur: float, nbytes: int, *, corr: int, stream: int = 7) -> dict[str, Any]:
+        a = {"device": self.device, "context": 1, "stream": stream, "correlation": corr,
+             "bytes": nbytes, "memory bandwidth (GB/s)": nbytes / (dur * 1e3) if dur else 0.0}
+        return self._x("gpu_memset", "Memset (Device)", ts, dur, self.device, stream, a)
+
+    def flow(self, corr: int, cpu_ts: float, gpu_ts: float, stream: int = 7) -> None:
+        """ac2g flow pair binding the runtime call at `cpu_ts` to the GPU activity at `gpu_ts`."""
+        self.events.append({"ph": "s", "id": corr, "pid": HOST_PID, "tid": HOST_TID,
+                            "ts": self.base_us + cpu_ts, "cat": "ac2g", "name": "ac2g"})
+        self.events.append({"ph": "f", "id": corr, "pid": self.device, "tid": stream,
+                            "ts": self.base_us + gpu_ts, "cat": "ac2g", "name": "ac2g", "bp": "e"})
+
+    # ---- compound events --------------------------------------------------------------------
+    def launch(self, op: str | None, kernel_name: str, *, cpu_ts: float, kernel_ts: float,
+               dur: float, op_dur: float = 10.0, rt_offset: float = 1.0, rt_dur: float = 5.0,
+               runtime_name: str = "cudaLaunchKernel", stream: int = 7, **kernel_args: Any) -> dict[str, int]:
+        """cpu_op `op` (if given) -> runtime launch -> kernel, linked by External id, correlation and flow."""
+        ext = self.new_ext()
+        corr = self.new_corr()
+        if op is not None:
+            self.cpu_op(op, cpu_ts, op_dur, ext=ext)
+        rt_ts = cpu_ts + rt_offset
+        self.runtime(runtime_name, rt_ts, rt_dur, corr=corr, ext=ext)
+        self.kernel(kernel_name, kernel_ts, dur, corr=corr, ext=ext, stream=stream, **kernel_args)
+        self.flow(corr, rt_ts, kernel_ts, stream)
+        return {"ext": ext, "corr": corr, "rt_ts": rt_ts}
+
+    def to_json(self) -> dict[str, Any]:
+        props = dict(DEFAULT_DEVICE_PROPERTIES, id=self.device, numSms=self.num_sms)
+        meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": "python"}},
+                {"ph": "M", "name": "process_name", "pid": self.device, "tid": 0, "args": {"name": f"GPU {self.device}"}}]
+        return {"schemaVersion": 1, "deviceProperties": [props],
+                "distributedInfo": {"backend": "nccl", "rank": self.rank, "world_size": self.world_size},
+                "traceEvents": meta + self.events,
+                "traceName": f"synth_rank{self.rank}.json", "baseTimeNanoseconds": 0}
+
+
+def write(traces: Iterable[SynthTrace], directory: Path, stem: str = "synth") -> list[Path]:
+    """Write one JSON file per rank into `directory` and return their paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for t in traces:
+        p = directory / f"{stem}_rank{t.rank}.json"
+        p.write_text(json.dumps(t.to_json()))
+        paths.append(p)
+    return paths
+
+
+def load(traces: Iterable[SynthTrace] | SynthTrace, directory: Path, stem: str = "synth"):
+    """Write the synthetic rank(s) and load them through the real loader into one Trace."""
+    from profiler.trace import load_trace  # the loader under test, imported lazily
+
+    if isinstance(traces, SynthTrace):
+        traces = [traces]
+    paths = write(traces, directory, stem)
+    return load_trace([str(p) for p in paths] if len(paths) > 1 else str(paths[0]))
