@@ -1,0 +1,230 @@
+"""Measured roofline ceilings: peak matmul FLOP/s per dtype and streaming memory bandwidth.
+
+DESIGN.md, Roofline: measured ceilings beat datasheet ones. On a GPU each figure is the median of
+device-timed runs (CUDA events, after warm-up); on a CPU the best of several runs per thread count,
+with the load average recorded (a shared CPU only ever measures low, so the best run is the
+closest to the machine). Results are cached per machine as JSON under the data directory
+(`FUSIONLENS_DATA_DIR`, default `./.fusionlens`), keyed by a fingerprint of CPU model, cores,
+torch version, GPU name, thread count and mode; a second call reads the cache. Nothing here runs
+at import time.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from profiler.capture.devices import Ceilings, DeviceTableError
+
+MIB = 1024 * 1024
+DEFAULT_DATA_DIR = ".fusionlens"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What one measurement mode times: matmul n per dtype, bandwidth array bytes, repeats."""
+
+    matmul_n: dict
+    bw_bytes: int
+    repeats: int
+    thread_counts: str  # "current" or "all" (1 and the current count)
+
+    def __post_init__(self) -> None:
+        if self.bw_bytes < MIB or self.repeats < 1 or self.thread_counts not in ("current", "all"):
+            raise ValueError(f"bad measurement sizes: {self}")
+
+
+CPU_MODES = {
+    # quick: tests (~1-3 s here); full: under ~30 s on 2 busy cores.
+    "quick": Sizes({"fp32": 384, "fp64": 256}, bw_bytes=40 * MIB, repeats=3, thread_counts="current"),
+    "full": Sizes({"fp32": 1536, "fp64": 1024, "bf16": 512}, bw_bytes=128 * MIB, repeats=5, thread_counts="all"),
+}
+GPU_MODES = {
+    "quick": Sizes({"fp32": 4096, "tf32": 4096, "fp16": 4096, "bf16": 4096, "fp64": 2048}, bw_bytes=256 * MIB,
+                   repeats=10, thread_counts="current"),
+    "full": Sizes({"fp32": 8192, "tf32": 8192, "fp16": 8192, "bf16": 8192, "fp64": 8192}, bw_bytes=1024 * MIB,
+                  repeats=20, thread_counts="current"),
+}
+_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+def data_dir(override: Optional[os.PathLike | str] = None) -> Path:
+    """The data directory: `override`, else $FUSIONLENS_DATA_DIR, else ./.fusionlens."""
+    return Path(override or os.environ.get("FUSIONLENS_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_fingerprint(device: str = "cpu") -> dict[str, Any]:
+    """The facts a cached measurement is only valid for."""
+    import torch
+
+    fp: dict[str, Any] = {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                          "device": device, "gpu_name": None}
+    if device.startswith("cuda"):
+        fp["gpu_name"] = torch.cuda.get_device_name(torch.device(device))
+    else:
+        fp["threads"] = torch.get_num_threads()
+    return fp
+
+
+def _cache_path(fp: dict[str, Any], mode: str, root: Path) -> Path:
+    key = hashlib.sha256(json.dumps({**fp, "mode": mode}, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "ceilings" / f"{fp['device'].replace(':', '_')}-{mode}-{key}.json"
+
+
+def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def measured_ceilings(device: str = "cpu", mode: str = "full", refresh: bool = False,
+                      root: Optional[os.PathLike | str] = None) -> Ceilings:
+    """Cached measured ceilings for `device` ("cpu" or "cuda[:N]"); measures on a cache miss.
+
+    `details["cache"]` says "hit" or "miss" and `details["cache_path"]` where the JSON lives.
+    """
+    modes = GPU_MODES if device.startswith("cuda") else CPU_MODES
+    if mode not in modes:
+        raise ValueError(f"mode must be one of {sorted(modes)}, got {mode!r}")
+    fp = machine_fingerprint(device)
+    path = _cache_path(fp, mode, data_dir(root))
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("fingerprint") == fp:
+                got = Ceilings.from_json(data["ceilings"])
+                return Ceilings(dict(got.peak_flops_per_s), got.mem_bw_bytes_per_s, got.source,
+                                {**got.details, "cache": "hit", "cache_path": str(path)})
+        except (OSError, ValueError, KeyError, DeviceTableError):
+            pass  # a damaged cache entry is re-measured and overwritten
+    measure = measure_gpu if device.startswith("cuda") else measure_cpu
+    ceilings = measure(modes[mode], device)
+    details = {**ceilings.details, "fingerprint": fp, "mode": mode}
+    ceilings = Ceilings(dict(ceilings.peak_flops_per_s), ceilings.mem_bw_bytes_per_s, "measured", details)
+    _write_atomic(path, {"fingerprint": fp, "ceilings": ceilings.to_json()})
+    return Ceilings(dict(ceilings.peak_flops_per_s), ceilings.mem_bw_bytes_per_s, "measured",
+                    {**details, "cache": "miss", "cache_path": str(path)})
+
+
+# ---------------------------------------------------------------- CPU
+def _best_s(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up: first-touch page faults, allocator, kernel selection
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _cpu_once(sizes: Sizes) -> tuple[dict[str, float], dict[str, float]]:
+    """(peak FLOP/s per dtype, {'copy': B/s, 'triad': B/s}) at the current thread count."""
+    import torch
+
+    peaks = {}
+    for dtype, n in sizes.matmul_n.items():
+        a = torch.randn(n, n, dtype=getattr(torch, _TORCH_DTYPES[dtype]))
+        b, c = torch.randn_like(a), torch.empty_like(a)
+        seconds = _best_s(lambda: torch.mm(a, b, out=c), sizes.repeats)
+        peaks[dtype] = 2.0 * n**3 / seconds
+    n_elems = sizes.bw_bytes // 4
+    x, y, z = (torch.ones(n_elems, dtype=torch.float32) for _ in range(3))
+    copy_s = _best_s(lambda: y.copy_(x), sizes.repeats)  # reads x, writes y
+    triad_s = _best_s(lambda: torch.add(x, y, alpha=3.0, out=z), sizes.repeats)  # z = x + 3y
+    return peaks, {"copy": 2 * 4 * n_elems / copy_s, "triad": 3 * 4 * n_elems / triad_s}
+
+
+def measure_cpu(sizes: Sizes, device: str = "cpu") -> Ceilings:
+    """Best-of-N matmul and copy/triad on the CPU, per thread count; the roof is at the current count."""
+    import torch
+
+    current = torch.get_num_threads()
+    counts = [current] if sizes.thread_counts == "current" else sorted({1, current})
+    per_threads: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        for threads in counts:
+            torch.set_num_threads(threads)
+            peaks, bw = _cpu_once(sizes)
+            per_threads[str(threads)] = {"peak_flops_per_s": peaks, "mem_bw_bytes_per_s": bw}
+    finally:
+        torch.set_num_threads(current)
+    here = per_threads[str(current)]
+    details = {"per_threads": per_threads, "threads": current, "load_avg": list(os.getloadavg()),
+               "matmul_n": dict(sizes.matmul_n), "bw_bytes": sizes.bw_bytes, "repeats": sizes.repeats,
+               "timing": "best of repeats, time.perf_counter", "bw_kernel": "max(copy, triad)",
+               "measure_s": round(time.perf_counter() - t0, 3)}
+    return Ceilings(here["peak_flops_per_s"], max(here["mem_bw_bytes_per_s"].values()), "measured", details)
+
+
+# ---------------------------------------------------------------- GPU
+def _median_event_s(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    """Median device time of `fn` over `repeats` runs, each bracketed by CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def measure_gpu(sizes: Sizes, device: str = "cuda") -> Ceilings:
+    """Device-timed matmul per dtype (tf32 with TF32 allowed, the rest with it off) and copy/triad."""
+    import torch
+
+    dev = torch.device(device)
+    peaks, per_dtype_s = {}, {}
+    saved_tf32 = torch.backends.cuda.matmul.allow_tf32
+    t0 = time.perf_counter()
+    with torch.cuda.device(dev):
+        try:
+            for dtype, n in sizes.matmul_n.items():
+                torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+                a = torch.randn(n, n, device=dev, dtype=getattr(torch, _TORCH_DTYPES[dtype]))
+                b, c = torch.randn_like(a), torch.empty_like(a)
+                seconds = _median_event_s(lambda: torch.mm(a, b, out=c), sizes.repeats)
+                peaks[dtype], per_dtype_s[dtype] = 2.0 * n**3 / seconds, seconds
+                del a, b, c
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved_tf32
+        n_elems = sizes.bw_bytes // 4
+        x, y, z = (torch.ones(n_elems, device=dev) for _ in range(3))
+        copy_s = _median_event_s(lambda: y.copy_(x), sizes.repeats)
+        triad_s = _median_event_s(lambda: torch.add(x, y, alpha=3.0, out=z), sizes.repeats)
+        bw = {"copy": 2 * 4 * n_elems / copy_s, "triad": 3 * 4 * n_elems / triad_s}
+        del x, y, z
+        torch.cuda.empty_cache()
+    # fp32 on the roof means IEEE fp32 (TF32 off, PyTorch's default); tf32 is kept separately.
+    details = {"gpu_name": torch.cuda.get_device_name(dev), "matmul_n": dict(sizes.matmul_n),
+               "matmul_median_s": per_dtype_s, "bw_bytes_per_s": bw, "bw_bytes": sizes.bw_bytes,
+               "repeats": sizes.repeats, "timing": "median of CUDA-event-timed runs after 3 warm-ups",
+               "bw_kernel": "max(copy, triad)", "not_measured": {"fp8": "needs torch._scaled_mm layouts; table only"},
+               "measure_s": round(time.perf_counter() - t0, 3)}
+    return Ceilings(peaks, max(bw.values()), "measured", details)
