@@ -1,0 +1,120 @@
+"""Roofline on synthetic ops whose answers are known by hand (exact arithmetic on round numbers)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from profiler.analysis.registry import ANALYSES
+from profiler.analysis.roofline import INTENSITY_NOTE, RooflineError, roofline, roofline_points, roofline_table
+from profiler.capture.devices import Ceilings, lookup_device
+from profiler.trace.model import Trace, empty_frame
+from profiler.trace.schema import COLUMNS
+
+# Peak 1e12 FLOP/s (fp32), 2e12 (bf16), bandwidth 1e11 B/s -> ridge 10 FLOP/B (fp32), 20 (bf16).
+CEIL = Ceilings({"fp32": 1e12, "bf16": 2e12}, 1e11, "measured", {"why": "test"})
+
+
+def make_trace(rows: list[dict], meta: dict | None = None) -> Trace:
+    base = empty_frame(COLUMNS)
+    df = pd.DataFrame(rows)
+    events = pd.concat([base, df], ignore_index=True)[list(COLUMNS)]
+    for col, (dtype, _) in COLUMNS.items():
+        events[col] = events[col].astype(dtype)
+    return Trace(events, meta or {"sources": ("synthetic",), "device_properties": ()})
+
+
+def op(name, flops, nbytes, dur_us, kind="cpu_op", ext=None, types=None, ts=0.0):
+    return {"rank": 0, "kind": kind, "name": name, "ts_us": ts, "dur_us": dur_us, "flops": flops,
+            "bytes_moved": nbytes, "external_id": ext, "input_types": types}
+
+
+def test_known_answers_per_op():
+    trace = make_trace([
+        # memory bound: I = 1e6/1e6 = 1 < 10; roof time = max(1e6/1e12, 1e6/1e11) = 10 us; dur 20 us
+        op("aten::add", 1e6, 1e6, 20.0, types='["float","float"]'),
+        # compute bound: I = 1e9/1e6 = 1000 > 10; roof time = max(1e-3 s, 1e-5 s) = 1000 us; dur 4000 us
+        op("aten::mm", 1e9, 1e6, 4000.0, types='["float","float"]'),
+        # bf16 via input_types: roof time = max(1e9/2e12, 1e6/1e11) = 500 us; dur 1000 us
+        op("aten::mm", 1e9, 1e6, 1000.0, types='["c10::BFloat16","c10::BFloat16"]'),
+    ])
+    pts, excluded = roofline_points(trace, CEIL)
+    assert excluded == {"no_flops_or_bytes": 0, "no_work": 0, "zero_duration": 0}
+    add, mm32, mm16 = (pts.iloc[i] for i in range(3))
+    assert add["intensity_flop_per_byte"] == 1.0 and add["bound"] == "memory"
+    assert math.isclose(add["time_at_roof_us"], 10.0) and math.isclose(add["pct_of_roof"], 50.0)
+    assert math.isclose(add["headroom_us"], 10.0)
+    assert math.isclose(add["achieved_bytes_per_s"], 1e6 / 20e-6) and math.isclose(add["achieved_flops_per_s"], 5e10)
+    assert mm32["bound"] == "compute" and mm32["dtype"] == "fp32" and mm32["ridge_flop_per_byte"] == 10.0
+    assert math.isclose(mm32["time_at_roof_us"], 1000.0) and math.isclose(mm32["pct_of_roof"], 25.0)
+    assert math.isclose(mm32["headroom_us"], 3000.0)
+    assert mm16["dtype"] == "bf16" and mm16["peak_flops_per_s"] == 2e12
+    assert math.isclose(mm16["time_at_roof_us"], 500.0) and math.isclose(mm16["pct_of_roof"], 50.0)
+
+
+def test_ridge_boundary_and_edge_cases():
+    trace = make_trace([
+        op("at_ridge", 1e7, 1e6, 100.0),  # I = 10 = ridge -> compute (not below the ridge)
+        op("copy", 0.0, 4e6, 80.0),  # no FLOPs: I = 0, memory bound, roof time 40 us
+        op("pure_math", 1e6, 0.0, 2.0),  # no bytes: I = inf, compute bound, roof time 1 us
+        op("uploaded", float("nan"), float("nan"), 5.0),
+        op("empty", 0.0, 0.0, 5.0),
+        op("instant", 1e6, 1e6, 0.0),
+    ])
+    pts, excluded = roofline_points(trace, CEIL)
+    assert excluded == {"no_flops_or_bytes": 1, "no_work": 1, "zero_duration": 1}
+    by = pts.set_index("name")
+    assert by.loc["at_ridge", "bound"] == "compute"
+    assert by.loc["copy", "bound"] == "memory" and math.isclose(by.loc["copy", "time_at_roof_us"], 40.0)
+    assert math.isinf(by.loc["pure_math", "intensity_flop_per_byte"]) and by.loc["pure_math", "bound"] == "compute"
+    assert math.isclose(by.loc["pure_math", "pct_of_roof"], 50.0)
+
+
+def test_kernel_takes_dtype_of_its_op_and_aggregates_per_op_type():
+    trace = make_trace([
+        op("aten::mm", 1e9, 1e6, 1000.0, ext=7, types='["c10::BFloat16"]'),
+        op("gemm_kernel", 1e9, 1e6, 800.0, kind="kernel", ext=7),
+        op("aten::add", 1e6, 1e6, 20.0, types='["float"]'),
+        op("aten::add", 3e6, 3e6, 40.0, types='["float"]'),
+    ])
+    pts, _ = roofline_points(trace, CEIL)
+    assert pts.set_index("name").loc["gemm_kernel", "dtype"] == "bf16"
+    table = roofline_table(trace, CEIL).set_index(["kind", "name"])
+    add = table.loc[("cpu_op", "aten::add")]
+    # sums: flops 4e6, bytes 4e6, dur 60 us; roof time 10 + 30 = 40 us
+    assert add["count"] == 2 and add["intensity_flop_per_byte"] == 1.0 and add["bound"] == "memory"
+    assert math.isclose(add["time_at_roof_us"], 40.0) and math.isclose(add["pct_of_roof"], 100 * 40 / 60)
+    assert math.isclose(add["headroom_us"], 20.0)
+    assert list(roofline_table(trace, CEIL)["headroom_us"]) == sorted(roofline_table(trace, CEIL)["headroom_us"], reverse=True)
+
+
+def test_registered_analysis_defaults_to_device_table_and_says_why_not():
+    assert "roofline" in ANALYSES
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "numSms": 132}
+    trace = make_trace([op("aten::mm", 2e12, 1e9, 4000.0, types='["c10::BFloat16"]')],
+                       {"sources": ("x",), "device_properties": (h100,)})
+    res = ANALYSES["roofline"](trace)
+    assert res.ceilings.source == "table:H100-SXM5-80GB" and res.note == INTENSITY_NOTE
+    # bf16 dense 989.4 TFLOP/s (never the 1979 sparse figure): 2e12 / 989.4e12 s = 2021.4 us
+    assert math.isclose(res.points.iloc[0]["time_at_roof_us"], 2e12 / 989.4e12 * 1e6)
+    no_device = make_trace([op("aten::mm", 1e9, 1e6, 10.0)])
+    res = roofline(no_device)
+    assert res.ceilings is None and res.points.empty and "deviceProperties" in res.reason
+    uploaded = make_trace([op("aten::mm", float("nan"), float("nan"), 10.0)], {"sources": ("x",), "device_properties": (h100,)})
+    res = roofline(uploaded)
+    assert res.points.empty and res.excluded["no_flops_or_bytes"] == 1 and "FLOPs" in res.reason
+
+
+def test_per_module_aggregation_when_attributed():
+    trace = make_trace([op("aten::mm", 1e9, 1e6, 1000.0), op("aten::add", 1e6, 1e6, 20.0)])
+    events = trace.events.assign(module=["block.0.mlp", "block.0.mlp"])
+    res = roofline(Trace(events, trace.meta), ceilings=CEIL)
+    row = res.by_module.set_index("module").loc["block.0.mlp"]
+    assert row["count"] == 2 and math.isclose(row["time_at_roof_us"], 1000.0 + 10.0)
+
+
+def test_default_dtype_must_have_a_peak():
+    with pytest.raises(RooflineError):
+        roofline_points(make_trace([op("x", 1.0, 1.0, 1.0)]), CEIL, default_dtype="fp64")
+    assert lookup_device("NVIDIA L4").spec.ceilings().peak_for("fp64") is None
