@@ -1,0 +1,146 @@
+"""Fused cross-entropy (log-softmax + NLL in one pass over the logits), forward and backward.
+
+`cross_entropy(logits, target)` with logits [N, V] (class dim last, the language-model layout)
+and int targets [N]. Supported: reduction "mean" (default), "sum", "none"; `ignore_index`
+(default -100; ignored rows add nothing and are not counted in the mean); `label_smoothing`
+(PyTorch's definition). Not supported: class weights, probability targets, the class dim at 1
+of a >2-D input (flatten to [tokens, vocab] first). float32/bfloat16/float16; the math is fp32.
+
+Providers: `cpu` (C++, kernels/csrc/cross_entropy.cpp), `triton` (CUDA), `aten`
+(`F.cross_entropy`), and the eager `reference` (log_softmax, gather, mean). The fused kernels
+keep only the per-row log-sum-exp for backward; the gradient softmax - onehot is recomputed
+from the logits in one read + one write.
+
+`fused_linear_cross_entropy` (the chunked linear + cross-entropy) is re-exported from
+`kernels.linear_cross_entropy`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, validate
+from kernels.registry import Cost, KernelSpec, Supports, dispatch, register_kernel
+
+def reduce_rows(loss_rows: torch.Tensor, valid: torch.Tensor, reduction: str,
+                dtype: torch.dtype) -> torch.Tensor:
+    """fp32 per-row losses -> the requested reduction, in `dtype` (mean over valid rows)."""
+    if reduction == "none":
+        return loss_rows.to(dtype)
+    total = loss_rows.sum()
+    if reduction == "sum":
+        return total.to(dtype)
+    return (total / valid.sum()).to(dtype)  # 0 valid rows -> nan, like F.cross_entropy
+
+
+def grad_rows_for(grad_out: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Per-row scale of d loss / d loss_row for the reduction (fp32 [N]; 0 on ignored rows)."""
+    g = grad_out.float()
+    if reduction == "mean":
+        g = g / valid.sum()
+    return torch.where(valid, g.expand(valid.shape), torch.zeros((), dtype=torch.float32, device=g.device))
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    """Forward keeps the logits and the fp32 log-sum-exp per row; backward recomputes softmax."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, label_smoothing, reduction, provider):
+        ops = ROW_OPS[provider]
+        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        t = target.to(torch.long).contiguous()
+        loss_rows, lse = ops.forward(x, t, ignore_index, float(label_smoothing))
+        valid = t != ignore_index
+        ctx.save_for_backward(x, t, lse, valid)
+        ctx.args = (ignore_index, float(label_smoothing), reduction, provider)
+        return reduce_rows(loss_rows, valid, reduction, logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, t, lse, valid = ctx.saved_tensors
+        ignore_index, eps, reduction, provider = ctx.args
+        grad_rows = grad_rows_for(grad_out, valid, reduction).contiguous()
+        grad = ROW_OPS[provider].backward(x, t, lse, grad_rows, ignore_index, eps)
+        return grad, None, None, None, None, None
+
+
+def _reference(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """Eager composition: log_softmax, gather the target, smoothing term, masked reduction."""
+    logp = torch.log_softmax(logits, dim=-1)  # [N, V]
+    valid = target != ignore_index
+    safe_t = torch.where(valid, target, torch.zeros_like(target))
+    rows = -logp.gather(1, safe_t[:, None]).squeeze(1)  # [N]
+    if label_smoothing:
+        rows = (1.0 - label_smoothing) * rows - label_smoothing * logp.mean(dim=-1)
+    rows = torch.where(valid, rows, torch.zeros_like(rows))
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
+
+
+def _aten(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    return F.cross_entropy(logits, target, ignore_index=ignore_index,
+                           label_smoothing=label_smoothing, reduction=reduction)
+
+
+def _fused(provider: str):
+    def run(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        return _CrossEntropyFunction.apply(logits, target, ignore_index, label_smoothing,
+                                           reduction, provider)
+
+    run.__name__ = f"cross_entropy_{provider}"
+    return run
+
+
+def _cost(logits, target, *args, **kwargs) -> Cost:
+    """Forward: fused reads the logits once; eager writes and re-reads an [N, V] log-prob tensor."""
+    n, v = logits.shape
+    es = logits.element_size()
+    small = n * (target.element_size() + 8)
+    return Cost(flops=4.0 * n * v, bytes_fused=float(n * v * es + small),
+                bytes_unfused=float(3 * n * v * es + small))
+
+
+SPEC = register_kernel(KernelSpec(
+    name="cross_entropy",
+    reference=_reference,
+    providers={"cpu": _fused("cpu"), "triton": _fused("triton"), "aten": _aten},
+    supports=Supports(dtypes=(torch.float32, torch.bfloat16, torch.float16)),
+    cost=_cost,
+    description="log-softmax + NLL (+ label smoothing, ignore_index) fused, fwd and bwd",
+))
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, reduction: str = "mean",
+                  provider: str | None = None) -> torch.Tensor:
+    """Cross-entropy of logits [N, V] against class indices [N] (see the module docstring).
+
+    Returns the loss in the logits' dtype: a scalar, or [N] for reduction="none".
+    """
+    validate(logits, target, ignore_index, label_smoothing, reduction)
+    return dispatch("cross_entropy", logits, target, ignore_index=ignore_index,
+                    label_smoothing=label_smoothing, reduction=reduction, provider=provider)
+
+
+class CrossEntropyLoss(nn.Module):
+    """Module form of `cross_entropy` (a drop-in for nn.CrossEntropyLoss on [N, V] logits)."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 reduction: str = "mean", provider: str | None = None) -> None:
+        super().__init__()
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self.reduction, self.provider = reduction, provider
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, target, ignore_index=self.ignore_index,
+                             label_smoothing=self.label_smoothing, reduction=self.reduction,
+                             provider=self.provider)
+
+
+from kernels.linear_cross_entropy import (  # noqa: E402  (re-export; that module imports ours)
+    FusedLinearCrossEntropyLoss, fused_linear_cross_entropy)
+
+__all__ = ["cross_entropy", "CrossEntropyLoss", "CrossEntropyError", "fused_linear_cross_entropy",
+           "FusedLinearCrossEntropyLoss", "SPEC"]

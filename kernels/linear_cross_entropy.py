@@ -1,0 +1,188 @@
+"""Chunked fused linear + cross-entropy: the loss of `x @ W.T + b` without the [N, V] logits.
+
+For a language-model head the logits dominate training memory: 4096 tokens x 32000 vocab is
+524 MB in fp32, and eager `F.cross_entropy(x @ W.T + b, t)` keeps the logits, a log-prob tensor
+of the same size, and materialises two more in backward. Following Liger-Kernel's
+FusedLinearCrossEntropy, the forward pass walks the tokens in chunks; per chunk it computes the
+logits [c, V], overwrites them in place with d loss / d logits (the row kernel of
+`kernels.cross_entropy_rows`), and immediately turns them into dx[chunk] = G @ W and
+dW += G.T @ x[chunk], db += G.sum(0). Peak extra memory is one [c, V] chunk plus dx and dW;
+backward only scales the stored gradients by the upstream gradient.
+
+Reductions "mean" and "sum" (not "none": per-row upstream gradients are unknown during forward),
+`ignore_index`, `label_smoothing`. x [..., H], target [...], weight [V, H], bias [V] or None.
+Without gradients (no_grad / inference) the chunks compute the loss only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, validate
+from kernels.registry import Cost, KernelSpec, Supports, dispatch, register_kernel
+
+
+def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
+    """Liger's heuristic: a chunk's logits about the size of x, rounded up to a power of two."""
+    ratio = max(1, math.ceil(vocab / max(hidden, 1)))
+    return max(1, min(n_tokens, 1 << max(0, math.ceil(math.log2(math.ceil(n_tokens / ratio))))))
+
+
+def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider,
+             need_dx, need_dw, need_db):
+    """Loss (fp32 scalar) and, where needed, dx [N, H], dW [V, H], db [V] for a unit upstream grad."""
+    ops = ROW_OPS[provider]
+    n, _ = x.shape
+    n_valid = int((target != ignore_index).sum())  # one sync: the gradient scale must be known
+    scale = (1.0 / n_valid if n_valid else 0.0) if reduction == "mean" else 1.0
+    want_grad = need_dx or need_dw or need_db
+    acc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    dx = torch.empty_like(x) if need_dx else None
+    dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_dw else None
+    db = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if need_db else None
+    loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+    for s in range(0, n, chunk_size):
+        e = min(n, s + chunk_size)
+        xc, tc = x[s:e], target[s:e]  # [c, H], [c]
+        logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())
+        if not want_grad:
+            loss_sum += ops.forward(logits, tc, ignore_index, eps)[0].sum()
+            continue
+        loss_sum += ops.fused_(logits, tc, ignore_index, eps, scale).sum()  # logits -> G [c, V]
+        if dx is not None:
+            torch.mm(logits, weight, out=dx[s:e])
+        if dw is not None:
+            if dw.dtype == logits.dtype:
+                dw.addmm_(logits.t(), xc)
+            else:
+                dw += torch.mm(logits.t(), xc).to(acc)
+        if db is not None:
+            db += logits.sum(0, dtype=acc)
+        del logits
+    if reduction == "mean":
+        loss = loss_sum / n_valid if n_valid else torch.full_like(loss_sum, float("nan"))
+    else:
+        loss = loss_sum
+    return loss, dx, dw, db
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])  # [N, H]
+        t2 = target.reshape(-1).to(torch.long).contiguous()  # [N]
+        needs = ctx.needs_input_grad
+        loss, dx, dw, db = _chunked(x2, weight, bias, t2, ignore_index, eps, reduction, chunk_size,
+                                    provider, needs[0], needs[1], bias is not None and needs[2])
+        ctx.save_for_backward(dx, dw, db)
+        ctx.meta = (shape, weight.dtype, None if bias is None else bias.dtype)
+        return loss.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        dx, dw, db = ctx.saved_tensors
+        shape, w_dtype, b_dtype = ctx.meta
+        unit = grad_out.device.type == "cpu" and bool(grad_out == 1)  # skip the scaling pass
+
+        def scaled(g, dtype):
+            if g is None:
+                return None
+            return (g if unit else g * grad_out.to(g.dtype)).to(dtype)
+
+        gx = scaled(dx, dx.dtype if dx is not None else None)
+        return (None if gx is None else gx.view(shape), scaled(dw, w_dtype), scaled(db, b_dtype),
+                None, None, None, None, None, None)
+
+
+def _validate(x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size):
+    if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise CrossEntropyError(f"fused_linear_cross_entropy: x [..., H] and weight [V, H] expected, "
+                                f"got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if tuple(target.shape) != tuple(x.shape[:-1]):
+        raise CrossEntropyError(f"fused_linear_cross_entropy: target {tuple(target.shape)} must match "
+                                f"x's leading dims {tuple(x.shape[:-1])}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise CrossEntropyError(f"fused_linear_cross_entropy: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise CrossEntropyError(f"fused_linear_cross_entropy: x, weight and bias must share a dtype "
+                                f"(x {x.dtype}, weight {weight.dtype})")
+    if reduction == "none":
+        raise CrossEntropyError("fused_linear_cross_entropy: reduction='none' is not supported "
+                                "(use 'mean' or 'sum')")
+    if chunk_size is not None and int(chunk_size) < 1:
+        raise CrossEntropyError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
+    logits_shape = torch.empty((int(math.prod(x.shape[:-1])), weight.shape[0]), device="meta")
+    validate(logits_shape, target.reshape(-1), ignore_index, label_smoothing, reduction)
+
+
+def _reference(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
+               reduction="mean", chunk_size=None):
+    """The unfused eager chain: full logits, then F.cross_entropy."""
+    logits = F.linear(x.reshape(-1, x.shape[-1]), weight, bias)  # [N, V]
+    return F.cross_entropy(logits, target.reshape(-1), ignore_index=ignore_index,
+                           label_smoothing=label_smoothing, reduction=reduction)
+
+
+def _provider(provider: str):
+    def run(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
+            reduction="mean", chunk_size=None):
+        n = int(math.prod(x.shape[:-1]))
+        c = int(chunk_size) if chunk_size else default_chunk_size(n, weight.shape[1], weight.shape[0])
+        return _FusedLinearCrossEntropy.apply(x, weight, bias, target, ignore_index,
+                                              float(label_smoothing), reduction, c, provider)
+
+    run.__name__ = f"fused_linear_cross_entropy_{provider}"
+    return run
+
+
+def _cost(x, weight, target, bias=None, *args, **kwargs) -> Cost:
+    """Forward+backward work; the unfused chain writes and re-reads ~5 [N, V] tensors."""
+    n, h, v = int(math.prod(x.shape[:-1])), x.shape[-1], weight.shape[0]
+    es = x.element_size()
+    io = (2 * n * h + 2 * v * h) * es  # x, dx, W, dW
+    return Cost(flops=6.0 * n * h * v + 6.0 * n * v, bytes_fused=float(io + 2 * n * v * es),
+                bytes_unfused=float(io + 6 * n * v * es))
+
+
+SPEC = register_kernel(KernelSpec(
+    name="fused_linear_cross_entropy",
+    reference=_reference,
+    providers={"cpu": _provider("cpu"), "triton": _provider("triton"), "aten": _provider("aten")},
+    supports=Supports(dtypes=(torch.float32, torch.bfloat16, torch.float16)),
+    cost=_cost,
+    description="linear + cross-entropy in token chunks; the [N, V] logits never exist",
+))
+
+
+def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                               bias: torch.Tensor | None = None, *, chunk_size: int | None = None,
+                               ignore_index: int = -100, label_smoothing: float = 0.0,
+                               reduction: str = "mean", provider: str | None = None) -> torch.Tensor:
+    """cross_entropy(x @ weight.T + bias, target) without materialising the logits.
+
+    Args: x [..., H]; weight [V, H]; target [...] class indices; bias [V] or None; chunk_size:
+    tokens per chunk (default: Liger's heuristic, about H/V of the tokens).
+    Returns the scalar loss in x's dtype.
+    """
+    _validate(x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size)
+    return dispatch("fused_linear_cross_entropy", x, weight, target, bias,
+                    ignore_index=ignore_index, label_smoothing=label_smoothing,
+                    reduction=reduction, chunk_size=chunk_size, provider=provider)
+
+
+class FusedLinearCrossEntropyLoss(nn.Module):
+    """Module form: loss = module(x, weight, target, bias)."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 reduction: str = "mean", chunk_size: int | None = None,
+                 provider: str | None = None) -> None:
+        super().__init__()
+        self.kw = dict(ignore_index=ignore_index, label_smoothing=label_smoothing,
+                       reduction=reduction, chunk_size=chunk_size, provider=provider)
+
+    def forward(self, x, weight, target, bias=None):
+        return fused_linear_cross_entropy(x, weight, target, bias, **self.kw)
