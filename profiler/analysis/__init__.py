@@ -15,6 +15,10 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "launch",
     "gpu_metrics",
     "memcpy",
+    "attribution",
+    "distributed",
+    "diff",
+    "rules",
 )
 
 
