@@ -1,0 +1,83 @@
+"""NVML sampler: the no-driver path (this machine) and the sampling loop against a stand-in library."""
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+from profiler.capture.nvml import LIBRARY_NOT_FOUND, NvmlSampler
+from profiler.trace.schema import COUNTER_COLUMNS
+
+
+def _has_nvidia_driver() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(_has_nvidia_driver(), reason="this machine has an NVIDIA driver")
+def test_no_driver_gives_reason_and_no_exception():
+    with NvmlSampler(hz=50) as sampler:
+        time.sleep(0.05)
+    assert sampler.unavailable_reason == LIBRARY_NOT_FOUND
+    df = sampler.samples()
+    assert df.empty and list(df.columns) == list(COUNTER_COLUMNS)
+    assert sampler.achieved_hz() == {}
+
+
+class NotSupported(Exception):
+    pass
+
+
+def stand_in_nvml(n_devices: int = 2):
+    """A minimal library with pynvml's names; device 1 lacks power readings (NotSupported)."""
+    lib = types.SimpleNamespace(NVML_CLOCK_SM=1, NVML_TEMPERATURE_GPU=0, NVMLError=NotSupported,
+                                NVMLError_LibraryNotFound=type("LNF", (NotSupported,), {}))
+    lib.calls = 0
+    lib.nvmlInit = lambda: None
+    lib.nvmlShutdown = lambda: None
+    lib.nvmlDeviceGetCount = lambda: n_devices
+    lib.nvmlDeviceGetHandleByIndex = lambda i: i
+    lib.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=90 + h, memory=40)
+    lib.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h + 1) * 2**30)
+
+    def power(h):
+        if h == 1:
+            raise NotSupported("Not Supported")
+        return 300_000  # mW
+    lib.nvmlDeviceGetPowerUsage = power
+    lib.nvmlDeviceGetClockInfo = lambda h, kind: 1980
+    lib.nvmlDeviceGetTemperature = lambda h, kind: 55
+    lib.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 4  # SwPowerCap
+    return lib
+
+
+def test_sampling_loop_rate_values_and_clock_mapping():
+    with NvmlSampler(hz=50, nvml_module=stand_in_nvml()) as sampler:
+        time.sleep(0.6)
+    assert sampler.unavailable_reason is None
+    assert (1, "power") in sampler.unsupported and (0, "power") not in sampler.unsupported
+    rates = sampler.achieved_hz()
+    assert set(rates) == {0, 1}
+    assert all(35 < hz < 55 for hz in rates.values()), rates  # ~50 Hz with perf_counter pacing
+    df = sampler.samples()
+    assert list(df.columns) == list(COUNTER_COLUMNS) and str(df["name"].dtype) == "category"
+    last = df[df["device"] == 0].groupby("name", observed=True)["value"].last()
+    assert last["power_w"] == 300.0 and last["gpu_util_pct"] == 90 and last["mem_used_bytes"] == 2**30
+    assert last["sm_clock_mhz"] == 1980 and last["throttle_reasons"] == 4
+    assert "power_w" not in set(df[df["device"] == 1]["name"])
+    assert df["ts_us"].min() >= 0 and df["ts_us"].max() < 2e6  # relative to sampler start, in µs
+    # Aligned on a trace origin 1 s before the sampler started: every ts shifts by +1e6 µs.
+    shifted = sampler.samples(t0_us=sampler.t0_unix_ns / 1e3 - 1e6)
+    assert (shifted["ts_us"] - df["ts_us"]).round(3).eq(1e6).all()
+
+
+def test_bad_rate_is_refused():
+    with pytest.raises(ValueError):
+        NvmlSampler(hz=0)
