@@ -1,0 +1,83 @@
+"""Links between rows: ac2g flows -> `flow_id`, ProfilerStep#N spans -> `step`.
+
+Flows (`ac2g`; `async_cpu_to_gpu` and the 2021 `async`/"launch" in older traces) bind to the
+complete event that starts at the same (pid, tid, ts), as the Chrome trace format binds a flow
+to its enclosing slice. Steps: CPU rows by time containment in the rank's ProfilerStep#N
+user annotations; GPU rows through their launch (same correlation id as a runtime/driver row
+that has a step), falling back to containment in `gpu_user_annotation` ProfilerStep spans.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profiler.trace._structs import MISSING
+from profiler.trace.schema import KINDS
+
+_K = {k: i for i, k in enumerate(KINDS)}
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+LAUNCH_KINDS = (_K["cuda_runtime"], _K["cuda_driver"])
+DEVICE_SIDE = (_K["kernel"], _K["gpu_memcpy"], _K["gpu_memset"], _K["gpu_user_annotation"], _K["cuda_sync"])
+FLOW_TARGETS = LAUNCH_KINDS + (_K["kernel"], _K["gpu_memcpy"], _K["gpu_memset"], _K["cuda_sync"])
+
+
+def _contained(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Label of the span (sorted by start) that contains each ts, MISSING where none does."""
+    out = np.full(len(ts), MISSING, np.int64)
+    if len(starts) == 0:
+        return out
+    order = np.argsort(starts, kind="stable")
+    starts, ends, labels = starts[order], ends[order], labels[order]
+    i = np.searchsorted(starts, ts, side="right") - 1
+    ok = i >= 0
+    j = np.where(ok, i, 0)
+    ok &= ts < ends[j]
+    out[ok] = labels[j[ok]]
+    return out
+
+
+def assign_steps(kind: np.ndarray, name: pd.Categorical, ts: np.ndarray, dur: np.ndarray,
+                 correlation: np.ndarray) -> np.ndarray:
+    """int64 step per row (MISSING when outside every ProfilerStep)."""
+    step_of_code = np.full(len(name.categories) + 1, MISSING, np.int64)
+    for code, label in enumerate(name.categories):
+        m = STEP_NAME.match(label)
+        if m and len(m.group(1)) < 10:
+            step_of_code[code] = int(m.group(1))
+    step_of_row = step_of_code[name.codes]  # code -1 (missing) maps to the trailing MISSING
+    is_step = step_of_row != MISSING
+    device_side = np.isin(kind, DEVICE_SIDE)
+    cpu_span = is_step & ~device_side
+    gpu_span = is_step & (kind == _K["gpu_user_annotation"])
+    steps = _contained(ts, ts[cpu_span], ts[cpu_span] + dur[cpu_span], step_of_row[cpu_span])
+    steps[device_side] = MISSING
+    dev = np.flatnonzero(device_side)
+    if len(dev):
+        launch = np.flatnonzero(np.isin(kind, LAUNCH_KINDS) & (correlation != MISSING) & (steps != MISSING))
+        by_corr = pd.Series(steps[launch], index=correlation[launch])
+        by_corr = by_corr[~by_corr.index.duplicated()]
+        pos = by_corr.index.get_indexer(correlation[dev])
+        lookup = np.append(by_corr.to_numpy(), MISSING)  # pos -1 (no launch) -> MISSING
+        via_launch = np.where(correlation[dev] != MISSING, lookup[pos], MISSING)
+        via_span = _contained(ts[dev], ts[gpu_span], ts[gpu_span] + dur[gpu_span], step_of_row[gpu_span])
+        steps[dev] = np.where(via_launch != MISSING, via_launch, via_span)
+    return steps
+
+
+def bind_flows(kind: np.ndarray, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray,
+               flows: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
+    """(flow_id per row with MISSING, number of flow events that bound to no row)."""
+    out = np.full(len(kind), MISSING, np.int64)
+    n_flows = len(flows.get("id", ()))
+    if n_flows == 0:
+        return out, 0
+    cand = np.flatnonzero(np.isin(kind, FLOW_TARGETS))
+    rows = pd.DataFrame({"pid": pid[cand], "tid": tid[cand], "ts": ts[cand], "row": cand})
+    fl = pd.DataFrame({"pid": flows["pid"], "tid": flows["tid"], "ts": flows["ts"], "id": flows["id"],
+                       "flow": np.arange(n_flows)})
+    hit = fl.merge(rows, on=["pid", "tid", "ts"], how="inner", sort=False)
+    hit = hit.drop_duplicates("flow").drop_duplicates("row")
+    out[hit["row"].to_numpy()] = hit["id"].to_numpy()
+    return out, n_flows - len(hit)

@@ -1,0 +1,221 @@
+"""Turn what a user hands us (paths, bytes, file-likes, lists, directories, zips) into JSON bytes.
+
+Each trace file becomes one `Payload` (a label naming it and its decompressed bytes), produced
+lazily so that only one file's bytes are alive at a time. Compression is sniffed from magic
+bytes, not from names. Decompression streams in bounded steps against a shared byte budget, so a
+decompression bomb is refused after at most one step past the cap. Zip members with absolute or
+`..` paths are refused. Nothing is unpickled: the only decoder downstream is a JSON parser.
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterator
+
+from profiler.trace.model import TraceError
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZIP_MAGIC = b"PK\x03\x04"
+STEP_BYTES = 16 << 20  # decompress at most this much per step before checking the budget
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.3g} MiB"
+
+
+@dataclass
+class Budget:
+    """Decompressed bytes still allowed for this load (shared by every file of it)."""
+
+    limit: int
+    used: int = 0
+
+    def take(self, n: int, label: str) -> None:
+        self.used += n
+        if self.used > self.limit:
+            raise TraceError(f"{label}: decompressed data exceeds the limit of {_gib(self.limit)} "
+                             "(a decompression bomb or a trace too large; raise max_decompressed_bytes)")
+
+
+@dataclass
+class Payload:
+    """One trace file's JSON bytes (bytes, bytearray or a read-only mmap) and its label."""
+
+    label: str
+    buf: Any
+    _closer: Callable[[], None] | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        """Drop the bytes (and unmap a mapped file) once decoded."""
+        self.buf = None
+        if self._closer is not None:
+            try:
+                self._closer()
+            except BufferError:  # a view is still alive somewhere; the GC unmaps it later
+                pass
+            self._closer = None
+
+
+def gunzip(chunks: Iterator[bytes], label: str, budget: Budget) -> bytearray:
+    """Stream-decompress (possibly multi-member) gzip data under the budget."""
+    out = bytearray()
+    dec = zlib.decompressobj(wbits=31)
+    started = False  # the current member has received input
+    try:
+        for chunk in chunks:
+            data = chunk
+            while data:
+                started = True
+                piece = dec.decompress(data, STEP_BYTES)
+                budget.take(len(piece), label)
+                out += piece
+                if dec.eof:  # end of one member: maybe another follows
+                    rest = dec.unused_data
+                    dec, started = zlib.decompressobj(wbits=31), False
+                    data = rest if rest.strip(b"\x00") else b""
+                    continue
+                data = dec.unconsumed_tail
+                if not data and len(piece) == STEP_BYTES:
+                    data = b""
+                    while len(piece) == STEP_BYTES and not dec.eof:  # drain pending output
+                        piece = dec.decompress(b"", STEP_BYTES)
+                        budget.take(len(piece), label)
+                        out += piece
+    except zlib.error as exc:
+        raise TraceError(f"{label}: corrupt gzip data ({exc})") from None
+    if started and not dec.eof:
+        raise TraceError(f"{label}: truncated gzip file (the compressed stream ends early)")
+    return out
+
+
+def _chunks_of(buf: Any, size: int = STEP_BYTES) -> Iterator[bytes]:
+    view = memoryview(buf)
+    for i in range(0, len(view), size):
+        yield view[i:i + size]
+
+
+def _file_chunks(fh: Any, size: int = STEP_BYTES) -> Iterator[bytes]:
+    while True:
+        block = fh.read(size)
+        if not block:
+            return
+        yield block
+
+
+def _from_bytes(buf: Any, label: str, budget: Budget) -> Iterator[Payload]:
+    head = bytes(buf[:4])
+    if head[:2] == GZIP_MAGIC:
+        yield Payload(label, gunzip(_chunks_of(buf), label, budget))
+    elif head == ZIP_MAGIC:
+        yield from _from_zip(io.BytesIO(buf), label, budget)
+    else:
+        budget.take(len(buf), label)
+        yield Payload(label, buf)
+
+
+def _check_member_name(name: str, label: str) -> None:
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
+        raise TraceError(f"{label}: refusing zip member with an absolute or '..' path: {name!r}")
+
+
+def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
+    try:
+        zf = zipfile.ZipFile(fh)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise TraceError(f"{label}: not a readable zip archive ({exc})") from None
+    with zf:
+        infos = zf.infolist()
+        for info in infos:
+            _check_member_name(info.filename, label)
+        members = sorted((i for i in infos if not i.is_dir() and i.filename.lower().endswith(TRACE_SUFFIXES)
+                          and not i.filename.startswith("__MACOSX/")), key=lambda i: i.filename)
+        if not members:
+            raise TraceError(f"{label}: the zip archive holds no .json or .json.gz trace")
+        for info in members:
+            mlabel = f"{label}!{info.filename}"
+            try:
+                with zf.open(info) as member:
+                    head = member.read(2)
+                    rest = _file_chunks(member)
+                    if head == GZIP_MAGIC:
+                        buf = gunzip(_prepend(head, rest), mlabel, budget)
+                    else:
+                        buf = bytearray()
+                        for block in _prepend(head, rest):
+                            budget.take(len(block), mlabel)
+                            buf += block
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                raise TraceError(f"{mlabel}: corrupt zip member ({exc})") from None
+            yield Payload(mlabel, buf)
+
+
+def _prepend(head: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if head:
+        yield head
+    yield from rest
+
+
+def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
+    label = str(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(TRACE_SUFFIXES))
+        if not files:
+            raise TraceError(f"{label}: the directory holds no .json or .json.gz trace")
+        for p in files:
+            yield from _from_path(p, budget)
+        return
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise TraceError(f"{label}: no such file") from None
+    except OSError as exc:
+        raise TraceError(f"{label}: cannot open ({exc.strerror or exc})") from None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(4)
+        if size == 0:
+            raise TraceError(f"{label}: empty file")
+        if head[:2] == GZIP_MAGIC:
+            fh.seek(0)
+            yield Payload(label, gunzip(_file_chunks(fh), label, budget))
+            return
+        if head == ZIP_MAGIC:
+            fh.seek(0)
+            yield from _from_zip(fh, label, budget)
+            return
+        budget.take(size, label)
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    yield Payload(label, mm, mm.close)
+
+
+def iter_payloads(sources: Any, max_decompressed_bytes: int) -> Iterator[Payload]:
+    """Yield one Payload per trace file found in `sources` (see load_trace for what it accepts)."""
+    budget = Budget(int(max_decompressed_bytes))
+    items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+    if not items:
+        raise TraceError("no trace given")
+    for i, src in enumerate(items):
+        if isinstance(src, (str, os.PathLike)):
+            yield from _from_path(Path(src), budget)
+        elif isinstance(src, (bytes, bytearray, memoryview)):
+            label = f"<bytes #{i}>" if len(items) > 1 else "<bytes>"
+            if len(src) == 0:
+                raise TraceError(f"{label}: empty input")
+            yield from _from_bytes(src, label, budget)
+        elif hasattr(src, "read"):
+            label = str(getattr(src, "name", None) or (f"<file-like #{i}>" if len(items) > 1 else "<file-like>"))
+            data = src.read()
+            if isinstance(data, str):
+                data = data.encode()
+            if not data:
+                raise TraceError(f"{label}: empty file")
+            yield from _from_bytes(data, label, budget)
+        else:
+            raise TraceError(f"cannot read a trace from a {type(src).__name__} (give a path, bytes or a file)")
