@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -42,6 +44,11 @@ def _cpu_id() -> str:
     return platform.processor() or platform.machine()
 
 
+def _inputs() -> list[Path]:
+    """Every file that goes into the build: the .cpp sources and the headers they include."""
+    return sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
+
+
 def _build_hash(sources: list[Path]) -> str:
     h = hashlib.sha256()
     for src in sources:
@@ -66,21 +73,55 @@ def load_cpu_ops(verbose: bool = False) -> None:
         sources = sorted(CSRC.glob("*.cpp"))
         if not sources:
             raise RuntimeError(f"no C++ sources in {CSRC}")
-        build_dir = data_dir() / "cpp_build" / _build_hash(sources)
+        build_dir = build_dir_for(_inputs())
         build_dir.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(build_dir)
         if not (build_dir / "fusionlens_cpu.so").exists():
             print(f"FusionLens: building the CPU kernels once into {build_dir} (about 20-60 s)...",
                   file=sys.stderr, flush=True)
-        cpp_extension.load(
-            name="fusionlens_cpu",
-            sources=[str(s) for s in sources],
-            extra_cflags=CFLAGS,
-            extra_ldflags=LDFLAGS,
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=verbose,
-        )
+        try:
+            cpp_extension.load(
+                name="fusionlens_cpu",
+                sources=[str(s) for s in sources],
+                extra_cflags=CFLAGS,
+                extra_ldflags=LDFLAGS,
+                extra_include_paths=[str(CSRC)],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=verbose,
+            )
+        except Exception as exc:
+            raise RuntimeError(_failure_summary(exc, build_dir)) from exc
         _loaded = True
+
+
+def build_dir_for(inputs: list[Path]) -> Path:
+    """The cache directory of one build: keyed by sources, headers, flags, torch and CPU.
+
+    Developers editing different sources build into different directories; two processes
+    building the same sources share one and serialize on cpp_extension's lock file.
+    """
+    return data_dir() / "cpp_build" / _build_hash(inputs)
+
+
+def _clear_stale_lock(build_dir: Path, max_age_s: float = 900.0) -> None:
+    """Remove a build lock left by a killed build (older than max_age_s), so nobody waits forever."""
+    lock = build_dir / "lock"
+    try:
+        if lock.exists() and time.time() - lock.stat().st_mtime > max_age_s:
+            lock.unlink()
+    except OSError:
+        pass
+
+
+def _failure_summary(exc: Exception, build_dir: Path) -> str:
+    """One line naming the source that failed to compile and its first compiler error."""
+    text = str(exc)
+    failed = re.findall(r"FAILED: (\S+)", text)
+    errors = [ln.strip() for ln in text.splitlines() if "error:" in ln]
+    what = f"{', '.join(failed)}: " if failed else ""
+    first = errors[0] if errors else (text.strip().splitlines() or [type(exc).__name__])[-1]
+    return f"C++ build failed in {build_dir}: {what}{first}"
 
 
 @register_provider_probe("cpu")
@@ -95,8 +136,7 @@ def _probe_cpu() -> str | None:
     try:
         load_cpu_ops()
     except Exception as exc:  # compiler missing, build error: keep the reason, fall back
-        first = str(exc).strip().splitlines()
-        return f"C++ build failed: {first[-1] if first else type(exc).__name__}"
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None
 
 

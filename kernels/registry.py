@@ -103,6 +103,8 @@ def provider_unavailable_reason(provider: str) -> str | None:
     if provider in ("reference", "aten"):
         return None
     if provider not in _PROBE_RESULTS:
+        if provider not in _PROVIDER_PROBES:
+            import kernels._build  # noqa: F401  (registers the cpu and triton probes)
         probe = _PROVIDER_PROBES.get(provider)
         if probe is None:
             _PROBE_RESULTS[provider] = f"no probe registered for provider {provider!r}"

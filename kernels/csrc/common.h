@@ -1,0 +1,157 @@
+// Shared helpers for the FusionLens CPU kernels (header only; include from any kernels/csrc/*.cpp).
+//
+// - Conversions between float and the 16-bit storage types, written as bit operations (bf16) or
+//   F16C instructions (fp16) so loops over them vectorize. bf16 rounding is round-to-nearest-even
+//   with NaN kept NaN, exactly like c10::BFloat16.
+// - Row helpers: view a row as float (a no-op for float, a bulk conversion into a scratch buffer
+//   otherwise), and write float results back.
+// - `chunks_for`: how many row chunks to split work into for per-thread partial reductions.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace fusionlens {
+
+inline float bf16_bits_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// Bulk conversions (vectorizable loops).
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n);
+
+template <>
+inline void to_float<float>(const float* src, float* dst, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+
+template <>
+inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(s[i]);
+}
+
+template <>
+inline void to_float<c10::Half>(const c10::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+template <typename T>
+inline void from_float(const float* src, T* dst, int64_t n);
+
+template <>
+inline void from_float<float>(const float* src, float* dst, int64_t n) {
+  if (src != dst) std::memcpy(dst, src, n * sizeof(float));
+}
+
+template <>
+inline void from_float<c10::BFloat16>(const float* src, c10::BFloat16* dst, int64_t n) {
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
+}
+
+template <>
+inline void from_float<c10::Half>(const float* src, c10::Half* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
+}
+
+// Round float values in place through T (identity for float): what `.to(T)` does to a value.
+template <typename T>
+inline void round_through(float* buf, T* scratch, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) {
+    from_float<T>(buf, scratch, n);
+    to_float<T>(scratch, buf, n);
+  }
+}
+
+// A row as float: the row itself for float, else converted into `buf`.
+template <typename T>
+inline const float* row_as_float(const T* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    to_float<T>(src, buf, n);
+    return buf;
+  }
+}
+
+// Where to compute a float output row: the destination itself for float, else `buf`.
+template <typename T>
+inline float* out_row(T* dst, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return dst;
+  } else {
+    return buf;
+  }
+}
+
+// Write a computed float row to its destination (no-op for float, computed in place).
+template <typename T>
+inline void commit_row(const float* buf, T* dst, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) from_float<T>(buf, dst, n);
+}
+
+// Rows per parallel task so each task touches at least ~16K elements (amortizes the fork).
+inline int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+}
+
+// Number of row chunks for per-chunk partial sums (each chunk owns one [cols] fp32 buffer).
+inline int64_t chunks_for(int64_t rows, int64_t cols) {
+  const int64_t by_work = std::max<int64_t>(1, rows / row_grain(cols));
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), by_work));
+}
+
+// Sum partials[c][j] over chunks c into out[j] (fp32), parallel over columns.
+inline void reduce_partials(const float* partials, int64_t nchunks, int64_t cols, float* out) {
+  at::parallel_for(0, cols, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) out[j] = 0.f;
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const float* p = partials + c * cols;
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) out[j] += p[j];
+    }
+  });
+}
+
+}  // namespace fusionlens

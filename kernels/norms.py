@@ -1,0 +1,370 @@
+"""Normalization kernels: LayerNorm, RMSNorm and their residual-add fusions.
+
+Public functions (each takes `provider=`): `layer_norm(x, weight, bias, eps)`,
+`rms_norm(x, weight, eps, offset=0.0)`, `add_layer_norm(x, residual, weight, bias, eps)` and
+`add_rms_norm(x, residual, weight, eps)` (the last two return `(sum, normed)`), plus the modules
+`LayerNorm`, `RMSNorm`, `AddLayerNorm`, `AddRMSNorm`.
+
+Semantics follow the models they replace:
+- layer_norm: `F.layer_norm` over the last dim (computed in fp32, one cast at the end).
+- rms_norm, casting="llama" (HF LlamaRMSNorm; the default when offset == 0):
+  `(offset + weight) * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)`.
+  casting="gemma" (HF GemmaRMSNorm; the default when offset != 0): all in fp32, cast once:
+  `(x.float() * rsqrt(...) * (offset + weight.float())).to(x.dtype)`.
+- add_*: `s = x + residual` (rounded to the dtype, as eager does), then the norm of `s`.
+
+Providers: "cpu" (C++ ops `torch.ops.fusionlens.{layer,rms}_norm_{fwd,bwd}` from
+`kernels/csrc/norms.cpp`), "triton" (`kernels/triton_norms.py`, same op signatures), "aten"
+(`F.layer_norm`; `F.rms_norm` only for float32, where its rounding matches). One autograd
+Function serves both fused providers; it flattens to [M, N] rows and allocates every output with
+`registry.new_output` (so tests can poison them).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+
+_CASTINGS = ("llama", "gemma")
+
+
+# ---------------------------------------------------------------- references (the truth for tests)
+def _up(t: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 -> fp32 (what `.float()` does in the models); fp32/fp64 unchanged, so the same
+    reference run on float64 inputs is the float64 truth."""
+    return t.float() if t.element_size() < 4 else t
+
+
+def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor | None = None,
+                         bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim composed from eager ops (fp32 math, one cast, like F.layer_norm)."""
+    xf = _up(x)
+    mean = xf.mean(-1, keepdim=True)
+    var = (xf - mean).pow(2).mean(-1, keepdim=True)
+    y = (xf - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * _up(weight)
+    if bias is not None:
+        y = y + _up(bias)
+    return y.to(x.dtype)
+
+
+def _casting(offset: float, casting: str | None) -> str:
+    casting = casting or ("llama" if offset == 0.0 else "gemma")
+    if casting not in _CASTINGS:
+        raise ValueError(f"casting must be one of {_CASTINGS}, got {casting!r}")
+    return casting
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                       offset: float = 0.0, casting: str | None = None) -> torch.Tensor:
+    """RMSNorm composed from eager ops, in HF Llama (or Gemma) order of casts (see module doc)."""
+    xf = _up(x)
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if _casting(offset, casting) == "llama":
+        normed = normed.to(x.dtype)
+        return normed if weight is None else (offset + weight) * normed
+    if weight is not None:
+        normed = normed * (offset + _up(weight))
+    return normed.to(x.dtype)
+
+
+def add_layer_norm_reference(x, residual, weight=None, bias=None, eps=1e-5):
+    """(x + residual, layer_norm(x + residual)) composed from eager ops."""
+    s = x + residual
+    return s, layer_norm_reference(s, weight, bias, eps)
+
+
+def add_rms_norm_reference(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
+    """(x + residual, rms_norm(x + residual)) composed from eager ops."""
+    s = x + residual
+    return s, rms_norm_reference(s, weight, eps, offset, casting)
+
+
+# ---------------------------------------------------------------- the fused autograd Function
+def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """[..., N] -> contiguous [M, N] (a view when already contiguous)."""
+    return None if t is None else t.reshape(-1, n).contiguous()
+
+
+class _FusedNorm(torch.autograd.Function):
+    """y = norm(x [+ residual]) by a provider's ops (`ops.*_fwd/_bwd`, the C++ op signatures).
+
+    kind: "ln" or "rms". Returns y, or (sum, y) when a residual is given. Saves the normalized
+    input ([M, N], the sum when fused with the add) and fp32 mean/rstd per row.
+    """
+
+    @staticmethod
+    def forward(ctx, ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+        shape, n = x.shape, x.shape[-1]
+        x2, r2 = _rows(x, n), _rows(residual, n)
+        m = x2.shape[0]
+        y = new_output((m, n), x2)
+        s = new_output((m, n), x2) if r2 is not None else x2.new_empty(0)
+        rstd = new_output((m,), x2, torch.float32)
+        mean = new_output((m,), x2, torch.float32) if kind == "ln" else None
+        b32 = None if bias is None else bias.float().contiguous()
+        if x2.numel():
+            if kind == "ln":
+                ops.layer_norm_fwd(x2, r2, w_eff, b32, eps, y, s, mean, rstd)
+            else:
+                ops.rms_norm_fwd(x2, r2, w_eff, eps, llama_cast, y, s, rstd)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(s if r2 is not None else x2, w_eff, mean, rstd)
+        ctx.meta = (ops, kind, shape, llama_cast, r2 is not None,
+                    None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        y = y.view(shape)
+        return (s.view(shape), y) if r2 is not None else y
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ops, kind, shape, llama_cast, fused_add, w_dtype, b_dtype = ctx.meta
+        src, w_eff, mean, rstd = ctx.saved_tensors
+        dsum, dy = grads if fused_add else (None, grads[0])
+        m, n = src.shape
+        need_x, need_r, need_w, need_b = (ctx.needs_input_grad[i] for i in (2, 3, 4, 5))
+        dw = new_output((n,), src, torch.float32) if need_w else src.new_empty(0, dtype=torch.float32)
+        db = new_output((n,), src, torch.float32) if need_b else src.new_empty(0, dtype=torch.float32)
+        if dy is None:  # only the sum was used downstream
+            dx = dsum.reshape(shape) if dsum is not None else None
+            dw, db = dw.zero_(), db.zero_()
+        else:
+            dy2, da2 = _rows(dy, n), _rows(dsum, n)
+            dx = new_output((m, n), src)
+            if src.numel() == 0:
+                dw, db = dw.zero_(), db.zero_()
+            elif kind == "ln":
+                ops.layer_norm_bwd(dy2, src, w_eff, mean, rstd, da2, dx, dw, db)
+            else:
+                ops.rms_norm_bwd(dy2, src, w_eff, rstd, da2, llama_cast, dx, dw)
+            dx = dx.view(shape)
+        grad_w = dw.to(w_dtype) if need_w else None
+        grad_b = db.to(b_dtype) if need_b else None
+        return (None, None, dx if need_x else None, dx if need_r else None, grad_w, grad_b,
+                None, None, None)
+
+
+def _cpu_ops():
+    from kernels._build import load_cpu_ops
+
+    load_cpu_ops()
+    return torch.ops.fusionlens
+
+
+def _triton_ops():
+    from kernels import triton_norms
+
+    return triton_norms
+
+
+_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
+
+
+def _rms_w_eff(weight, offset, casting):
+    """(offset + weight) as fp32: rounded to weight's dtype first in llama casting, as eager does."""
+    if weight is None:
+        return None
+    w = (offset + weight) if casting == "llama" else (offset + weight.float())
+    return w.float().contiguous()
+
+
+def _ln(provider):
+    def run(x, weight=None, bias=None, eps=1e-5):
+        w = None if weight is None else weight.float().contiguous()
+        return _FusedNorm.apply(_OPS[provider](), "ln", x, None, weight, bias, eps, w, False)
+    return run
+
+
+def _add_ln(provider):
+    def run(x, residual, weight=None, bias=None, eps=1e-5):
+        w = None if weight is None else weight.float().contiguous()
+        return _FusedNorm.apply(_OPS[provider](), "ln", x, residual, weight, bias, eps, w, False)
+    return run
+
+
+def _rms(provider):
+    def run(x, weight=None, eps=1e-6, offset=0.0, casting=None):
+        c = _casting(offset, casting)
+        return _FusedNorm.apply(_OPS[provider](), "rms", x, None, weight, None, eps,
+                                _rms_w_eff(weight, offset, c), c == "llama")
+    return run
+
+
+def _add_rms(provider):
+    def run(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
+        c = _casting(offset, casting)
+        return _FusedNorm.apply(_OPS[provider](), "rms", x, residual, weight, None, eps,
+                                _rms_w_eff(weight, offset, c), c == "llama")
+    return run
+
+
+# ---------------------------------------------------------------- support checks and costs
+def _same_dtypes(*tensors: Any, **_: Any) -> str | None:
+    """The fused kernels keep one dtype: every tensor argument must share x's dtype and shape tail."""
+    ts = [t for t in tensors if isinstance(t, torch.Tensor)]
+    x = ts[0]
+    if x.dim() == 0:
+        return "input must have at least one dimension"
+    for t in ts[1:]:
+        if t.dtype != x.dtype:
+            return f"mixed dtypes ({x.dtype} input, {t.dtype} parameter or residual): reference handles promotion"
+        if t.device != x.device:
+            return f"tensors on different devices ({x.device}, {t.device})"
+    n = x.shape[-1]
+    for t in ts[1:]:
+        if t.dim() == 1 and t.shape[0] != n:
+            return f"parameter of size {t.shape[0]} does not match the last dim {n}"
+        if t.dim() > 1 and t.shape != x.shape:
+            return f"residual shape {tuple(t.shape)} != input shape {tuple(x.shape)}"
+    return None
+
+
+def _fp32_only(x, *args, **kwargs) -> str | None:
+    return None if x.dtype == torch.float32 else "F.rms_norm rounds differently from HF below fp32"
+
+
+def _norm_cost(x, n_params: int, n_inputs: int, unfused_passes: int, flops_per_elem: float) -> Cost:
+    """Bytes: fused reads the inputs and params once and writes the outputs once (+fp32 stats)."""
+    e, s = x.numel(), x.element_size()
+    n = x.shape[-1] if x.dim() else 1
+    rows = e // max(n, 1)
+    # reads x (and residual), writes y (and the sum): 2 * n_inputs full tensors
+    fused = 2 * n_inputs * e * s + n_params * n * s + 2 * rows * 4
+    return Cost(flops=flops_per_elem * e, bytes_fused=float(fused),
+                bytes_unfused=float(fused + unfused_passes * e * s))
+
+
+# Unfused passes: extra full-tensor writes+reads the eager chain does (counted from the references:
+# LN: x-mean, pow, *rstd, *w, +b -> 4 intermediates written and read back = 8 passes;
+# RMS: float cast, pow, *rstd, cast back, *w -> 3 intermediates = 6 passes; add: + 0).
+def _ln_cost(x, weight=None, bias=None, eps=1e-5):
+    return _norm_cost(x, (weight is not None) + (bias is not None), 1, 8, 8.0)
+
+
+def _rms_cost(x, weight=None, eps=1e-6, offset=0.0, casting=None):
+    return _norm_cost(x, int(weight is not None), 1, 6, 5.0)
+
+
+def _add_ln_cost(x, residual, weight=None, bias=None, eps=1e-5):
+    return _norm_cost(x, (weight is not None) + (bias is not None), 2, 10, 9.0)
+
+
+def _add_rms_cost(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
+    return _norm_cost(x, int(weight is not None), 2, 8, 6.0)
+
+
+def _aten_ln(x, weight=None, bias=None, eps=1e-5):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _aten_add_ln(x, residual, weight=None, bias=None, eps=1e-5):
+    s = x + residual
+    return s, F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
+
+
+def _aten_rms(x, weight=None, eps=1e-6, offset=0.0, casting=None):
+    return F.rms_norm(x, (x.shape[-1],), None if weight is None else offset + weight, eps)
+
+
+_SUPPORTS = Supports(check=_same_dtypes)
+
+LAYER_NORM = register_kernel(KernelSpec(
+    "layer_norm", layer_norm_reference,
+    {"cpu": _ln("cpu"), "triton": _ln("triton"), "aten": _aten_ln},
+    _SUPPORTS, _ln_cost, "LayerNorm over the last dim, optional weight and bias"))
+RMS_NORM = register_kernel(KernelSpec(
+    "rms_norm", rms_norm_reference,
+    {"cpu": _rms("cpu"), "triton": _rms("triton"), "aten": _aten_rms},
+    _SUPPORTS, _rms_cost, "RMSNorm, HF Llama/Gemma casting, (offset + weight)",
+    provider_checks={"aten": _fp32_only}))
+ADD_LAYER_NORM = register_kernel(KernelSpec(
+    "add_layer_norm", add_layer_norm_reference,
+    {"cpu": _add_ln("cpu"), "triton": _add_ln("triton"), "aten": _aten_add_ln},
+    _SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)"))
+ADD_RMS_NORM = register_kernel(KernelSpec(
+    "add_rms_norm", add_rms_norm_reference,
+    {"cpu": _add_rms("cpu"), "triton": _add_rms("triton")},
+    _SUPPORTS, _add_rms_cost, "residual add + RMSNorm, returns (sum, normed)"))
+
+
+# ---------------------------------------------------------------- public functional API
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, provider: str | None = None):
+    """LayerNorm over the last dim of x; weight/bias optional ([N] or None)."""
+    return dispatch("layer_norm", x, weight, bias, eps, provider=provider)
+
+
+def rms_norm(x, weight=None, eps: float = 1e-6, offset: float = 0.0, *, casting: str | None = None,
+             provider: str | None = None):
+    """RMSNorm over the last dim; offset=1.0 for Gemma's (1 + w). casting: "llama" | "gemma"."""
+    return dispatch("rms_norm", x, weight, eps, offset, casting, provider=provider)
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, eps: float = 1e-5, *,
+                   provider: str | None = None):
+    """(x + residual, layer_norm(x + residual)) in one pass."""
+    return dispatch("add_layer_norm", x, residual, weight, bias, eps, provider=provider)
+
+
+def add_rms_norm(x, residual, weight=None, eps: float = 1e-6, offset: float = 0.0, *,
+                 casting: str | None = None, provider: str | None = None):
+    """(x + residual, rms_norm(x + residual)) in one pass."""
+    return dispatch("add_rms_norm", x, residual, weight, eps, offset, casting, provider=provider)
+
+
+# ---------------------------------------------------------------- modules
+class LayerNorm(nn.Module):
+    """Drop-in for nn.LayerNorm over the last dim (same parameter names: weight, bias)."""
+
+    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True, provider: str | None = None,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(f"LayerNorm normalizes the last dim only, got normalized_shape {shape}")
+        self.normalized_shape, self.eps, self.provider = shape, eps, provider
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.ones(shape, **kw)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(shape, **kw)) if elementwise_affine and bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps, provider=self.provider)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, provider={self.provider}"
+
+
+class RMSNorm(nn.Module):
+    """Drop-in for HF LlamaRMSNorm (offset=0) and GemmaRMSNorm (offset=1.0, weight init 0)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0,
+                 casting: str | None = None, provider: str | None = None, device=None, dtype=None) -> None:
+        super().__init__()
+        init = torch.zeros if offset else torch.ones
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.eps, self.offset, self.casting, self.provider = eps, offset, _casting(offset, casting), provider
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, self.offset, casting=self.casting, provider=self.provider)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, offset={self.offset}, casting={self.casting}"
+
+
+class AddLayerNorm(LayerNorm):
+    """forward(x, residual) -> (x + residual, LayerNorm(x + residual))."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor):  # type: ignore[override]
+        return add_layer_norm(x, residual, self.weight, self.bias, self.eps, provider=self.provider)
+
+
+class AddRMSNorm(RMSNorm):
+    """forward(x, residual) -> (x + residual, RMSNorm(x + residual))."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor):  # type: ignore[override]
+        return add_rms_norm(x, residual, self.weight, self.eps, self.offset, casting=self.casting,
+                            provider=self.provider)
