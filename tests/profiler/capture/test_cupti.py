@@ -1,0 +1,107 @@
+"""cupti-python tracer: the no-driver path here, the Kineto/second-client guard, and the
+records -> Trace conversion on hand-made records with known links."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from profiler.analysis.roofline import roofline_points
+from profiler.capture import backends
+from profiler.capture.backends import CaptureError, CapturePlan
+from profiler.capture.cupti_records import CuptiRecords, build_trace, input_signature
+from profiler.capture.cupti_tracer import (CuptiConflictError, CuptiTracer, _GUARD, cupti_backend,
+                                           cupti_driver_reason, cupti_unavailable_reason)
+from profiler.capture.devices import Ceilings
+from profiler.trace.schema import COLUMNS
+
+NO_DRIVER = cupti_driver_reason() is not None
+
+
+@pytest.mark.skipif(not NO_DRIVER, reason="this machine has a CUDA driver")
+def test_no_driver_reason_is_kept_and_nothing_raises():
+    reason = cupti_driver_reason()
+    assert reason.startswith("CUPTI unavailable:") and "driver" in reason.lower()
+    assert cupti_unavailable_reason() == reason
+    assert backends.unavailable_reason("cupti") == reason  # the registry's probe says the same
+    with pytest.raises(CaptureError, match="CUPTI unavailable"):
+        cupti_backend(lambda i: None, CapturePlan(device="cuda", backend="cupti"), None)
+    with pytest.raises(RuntimeError):  # starting anyway fails cleanly and frees the guard
+        CuptiTracer().start()
+    assert _GUARD.acquire(blocking=False)
+    _GUARD.release()
+
+
+def test_refuses_to_run_beside_kineto_or_a_second_tracer():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with pytest.raises(CuptiConflictError, match="Kineto"):
+            CuptiTracer().start()
+    assert _GUARD.acquire(blocking=False)  # as if another tracer were active
+    try:
+        with pytest.raises(CuptiConflictError, match="already active"):
+            CuptiTracer().start()
+    finally:
+        _GUARD.release()
+
+
+def test_cpu_plan_is_refused():
+    with pytest.raises(CaptureError, match="device cuda"):
+        cupti_backend(lambda i: None, CapturePlan(device="cpu"), None)
+
+
+def _records() -> CuptiRecords:
+    rec = CuptiRecords()
+    t = 1_000_000_000  # CUPTI ns
+    rec.steps.append((2, t, t + 100_000))
+    rec.ops.append({"external_id": 1, "name": "aten::mm", "start": t + 1_000, "end": t + 9_000, "pid": 11,
+                    "tid": 12, "seq": 1, "input_dims": "[[64,64],[64,64]]", "input_types": '["c10::Half","c10::Half"]'})
+    rec.api.append({"kind": "cuda_runtime", "name": "cudaLaunchKernel", "start": t + 2_000, "end": t + 5_000,
+                    "pid": 11, "tid": 12, "correlation": 77})
+    rec.external[77] = 1
+    rec.gpu.append({"kind": "kernel", "name": "_Z10gemmKernelPfS_i", "start": t + 10_000, "end": t + 30_000,
+                    "device": 0, "stream": 7, "correlation": 77, "grid_x": 4, "grid_y": 2, "grid_z": 1,
+                    "block_x": 128, "block_y": 1, "block_z": 1, "registers_per_thread": 96,
+                    "shared_memory_bytes": 49152})
+    rec.gpu.append({"kind": "gpu_memcpy", "name": "Memcpy DTOH", "start": t + 200_000, "end": t + 204_000,
+                    "device": 0, "stream": 7, "correlation": 78, "bytes": 4096})
+    return rec
+
+
+def test_records_become_a_linked_trace():
+    offset_ns = 1_700_000_000_000_000_000 - 1_000_000_000  # Unix minus CUPTI clock
+    trace = build_trace(_records(), offset_ns, [{"name": "NVIDIA H200", "numSms": 132}], versions={"torch": "x"})
+    ev = trace.events
+    assert list(ev.columns) == list(COLUMNS) and str(ev["kind"].dtype) == "category"
+    assert trace.meta["t0_us"] == 1_700_000_000_000_000.0  # earliest event on the Unix-µs clock
+    k = ev[ev["kind"] == "kernel"].iloc[0]
+    assert k["name"] == "gemmKernel(float*, float*, int)"  # demangled, as Kineto writes it
+    assert k["external_id"] == 1 and k["correlation"] == 77 and k["stream"] == 7 and k["device"] == 0
+    assert (k["grid_x"], k["block_x"], k["registers_per_thread"], k["shared_memory_bytes"]) == (4, 128, 96, 49152)
+    assert k["ts_us"] == 10.0 and k["dur_us"] == 20.0 and k["step"] == 2
+    op = ev[ev["kind"] == "cpu_op"].iloc[0]
+    assert op["external_id"] == 1 and json.loads(op["input_dims"]) == [[64, 64], [64, 64]]
+    launch = ev[ev["kind"] == "cuda_runtime"].iloc[0]
+    assert launch["external_id"] == 1 and launch["pid"] == 11
+    copy = ev[ev["kind"] == "gpu_memcpy"].iloc[0]
+    assert copy["bytes"] == 4096 and pd_isna(copy["external_id"]) and pd_isna(copy["step"])  # after the step
+    assert ev[ev["kind"] == "user_annotation"]["name"].tolist() == ["ProfilerStep#2"]
+    # The kernel inherits its op's dtype in the roofline through the External id.
+    costed = trace.events.assign(flops=[2 * 64**3 if k in ("cpu_op", "kernel") else float("nan") for k in ev["kind"]],
+                                 bytes_moved=[3 * 64 * 64 * 2.0 if k in ("cpu_op", "kernel") else float("nan") for k in ev["kind"]])
+    pts, _ = roofline_points(type(trace)(costed, trace.meta), Ceilings({"fp32": 1e12, "fp16": 4e12}, 1e12, "measured"))
+    assert set(pts["dtype"]) == {"fp16"}
+
+
+def pd_isna(x) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(x))
+
+
+def test_empty_records_give_an_empty_trace_and_signature_spelling():
+    trace = build_trace(CuptiRecords(), 0)
+    assert trace.events.empty and list(trace.events.columns) == list(COLUMNS)
+    dims, types = input_signature((torch.zeros(2, 3, dtype=torch.bfloat16), 1.5, [torch.zeros(1)], None))
+    assert json.loads(dims) == [[2, 3], [], [[1]], []]
+    assert json.loads(types) == ["c10::BFloat16", "Scalar", "TensorList", ""]
