@@ -171,29 +171,45 @@ def covered_in_windows(u: Intervals, win_starts, win_ends) -> np.ndarray:
     return np.maximum(covered_upto(u, we) - covered_upto(u, ws), 0.0)
 
 
-def _covered_upto_by_group(u: GroupedIntervals, g: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Length of group g's union before time t, for each (g, t) query."""
+def locate_by_group(u: GroupedIntervals, g, t) -> np.ndarray:
+    """Per (g, t) query: index of group g's last interval starting at or before t, else -1."""
+    g = np.asarray(g, dtype=np.int64)
+    t = np.asarray(t, dtype=np.float64)
     n = len(u.starts)
-    lengths = u.ends - u.starts
-    cum = np.concatenate([[0.0], np.cumsum(lengths)])
-    # Position of each query among the intervals ordered by (group, start): merge-sort the two
-    # sets, intervals before queries at equal (group, time), and count intervals ahead of it.
+    if n == 0 or len(g) == 0:
+        return np.full(len(g), -1, dtype=np.int64)
+    # Merge-sort queries among the intervals ordered by (group, start), intervals first at equal
+    # (group, time); the number of intervals ahead of a query is its insertion position.
     keys_g = np.concatenate([u.groups, g])
     keys_t = np.concatenate([u.starts, t])
     is_query = np.concatenate([np.zeros(n, dtype=np.int8), np.ones(len(g), dtype=np.int8)])
     order = np.lexsort((is_query, keys_t, keys_g))
     q_sorted = is_query[order] == 1
-    intervals_before = np.cumsum(~q_sorted)[q_sorted]  # per query, in sorted order
+    intervals_before = np.cumsum(~q_sorted)[q_sorted]
     pos = np.empty(len(g), dtype=np.int64)
     pos[order[q_sorted] - n] = intervals_before
-    idx = pos - 1  # last interval at or before t in the global (group, start) order
+    idx = pos - 1
+    same = (idx >= 0) & (u.groups[np.maximum(idx, 0)] == g)
+    return np.where(same, idx, -1)
+
+
+def contains_by_group(u: GroupedIntervals, g, t) -> np.ndarray:
+    """Per (g, t) query: does group g's union cover time t?"""
+    idx = locate_by_group(u, g, t)
     safe = np.maximum(idx, 0)
-    same_group = (idx >= 0) & (u.groups[safe] == g) if n else np.zeros(len(g), dtype=bool)
-    # Covered before t within the group = cum up to interval idx minus cum at the group's first.
+    t = np.asarray(t, dtype=np.float64)
+    return (idx >= 0) & (t < (u.ends[safe] if len(u.ends) else t))
+
+
+def _covered_upto_by_group(u: GroupedIntervals, g: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Length of group g's union before time t, for each (g, t) query."""
+    idx = locate_by_group(u, g, t)
+    safe = np.maximum(idx, 0)
+    lengths = u.ends - u.starts
+    cum = np.concatenate([[0.0], np.cumsum(lengths)])  # covered before interval i, all groups
     first_of_group = np.searchsorted(u.groups, g, side="left")
-    inside = np.clip(t - u.starts[safe], 0.0, lengths[safe]) if n else np.zeros(len(g))
-    within = cum[safe] - cum[first_of_group] + inside if n else np.zeros(len(g))
-    return np.where(same_group, within, 0.0)
+    within = cum[safe] - cum[first_of_group] + np.clip(t - u.starts[safe], 0.0, lengths[safe])
+    return np.where(idx >= 0, within, 0.0)
 
 
 def covered_in_windows_by_group(u: GroupedIntervals, win_groups, win_starts, win_ends) -> np.ndarray:
