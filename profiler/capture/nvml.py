@@ -9,9 +9,10 @@ the capture carries on.
 Clock mapping (how the runner aligns samples with the profiler trace): at start the sampler
 records `time.time_ns()` and `time.perf_counter_ns()` together; each sample is timed with
 `perf_counter_ns` (monotonic, immune to NTP steps) and mapped to Unix time as
-`unix_ns = t0_unix_ns + (perf_ns - t0_perf_ns)`. Kineto writes Unix-epoch microseconds, so
-`samples(t0_us=trace.meta["t0_us"])` gives `ts_us` on the trace's own origin
-(raw_ts = ts_us + t0_us); `samples()` without it counts from the sampler's start.
+`unix_ns = t0_unix_ns + (perf_ns - t0_perf_ns)`. `samples()` gives `ts_us` in Unix-epoch µs
+(the runner maps them onto the trace through Kineto's `baseTimeNanoseconds` and `meta["t0_us"]`);
+`samples(t0_us=origin)` subtracts a Unix-µs origin, e.g. a trace's raw clock origin, so that
+raw_ts = ts_us + origin.
 """
 from __future__ import annotations
 
@@ -179,11 +180,11 @@ class NvmlSampler:
                 self._samples.extend(Sample(perf_ns, device, name, value) for name, value in values)
 
     # ------------------------------------------------------------ results
-    def samples(self, t0_us: Optional[float] = None) -> pd.DataFrame:
-        """Samples as COUNTER_COLUMNS rows; ts_us relative to Unix-µs `t0_us` (else sampler start)."""
+    def samples(self, t0_us: float = 0.0) -> pd.DataFrame:
+        """Samples as COUNTER_COLUMNS rows; ts_us = Unix-epoch µs minus `t0_us` (default 0)."""
         if not self._samples:
             return empty_frame(COUNTER_COLUMNS)
-        origin_us = self.t0_unix_ns / 1e3 if t0_us is None else float(t0_us)
+        origin_us = float(t0_us)
         snap = list(self._samples)
         unix_us = [(self.t0_unix_ns + s.perf_ns - self.t0_perf_ns) / 1e3 for s in snap]
         df = pd.DataFrame({
