@@ -14,8 +14,10 @@ user_annotation, `args` as Kineto writes them, and `ac2g` flow pairs (`s` at the
 """
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -163,3 +165,34 @@ def load(traces: Iterable[SynthTrace] | SynthTrace, directory: Path, stem: str =
         traces = [traces]
     paths = write(traces, directory, stem)
     return load_trace([str(p) for p in paths] if len(paths) > 1 else str(paths[0]))
+
+
+# ---- the real traces in tests/data/traces, loaded once per test process --------------------------
+TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
+REAL_TRACES: tuple[str, ...] = tuple(sorted(p.name for p in TRACES_DIR.glob("*.json.gz")))
+
+
+@lru_cache(maxsize=None)
+def real_trace(name: str):
+    """The committed real trace `name` loaded through `load_trace` (cached per process)."""
+    from profiler.trace import load_trace
+
+    return load_trace(str(TRACES_DIR / name))
+
+
+@lru_cache(maxsize=4)
+def raw_events(name: str) -> tuple[dict, ...]:
+    """The raw `ph: X` events of a committed trace, straight from the JSON (the independent truth)."""
+    with gzip.open(TRACES_DIR / name, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return tuple(e for e in events if isinstance(e, dict) and e.get("ph") == "X")
+
+
+RAW_KINDS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "gpu_memcpy", "Memcpy": "gpu_memcpy",
+             "gpu_memset": "gpu_memset", "Memset": "gpu_memset"}
+
+
+def raw_gpu(name: str) -> list[dict]:
+    """Raw kernel/memcpy/memset events with `kind` normalised (2021 spellings mapped)."""
+    return [dict(e, kind=RAW_KINDS[e.get("cat")]) for e in raw_events(name) if e.get("cat") in RAW_KINDS]
