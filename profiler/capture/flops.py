@@ -1,0 +1,153 @@
+"""The op-cost recorder: FLOPs and bytes of every aten op in one untimed pass (DESIGN.md, Capture).
+
+`OpCostRecorder` is a `TorchDispatchMode`: it sees each aten op below autograd (composites such as
+aten::linear arrive decomposed into aten::t + aten::addmm) and writes one row per op with
+`name` (as the profiler spells it, "aten::addmm"), `flops` (from `formulas.FLOP_FORMULAS`, then
+the pointwise/reduction/foreach rules, then known zero-FLOP data movement; NaN when unknown) and
+`bytes_moved`, an algorithmic lower bound (inputs + outputs at their dtypes, views 0; see
+formulas.py). `join.py` joins these rows to the profiled cpu_op rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from profiler.capture import formulas as fm
+
+COST_COLUMNS = {"step": "int32", "seq": "int64", "name": "string", "overload": "string",
+                "flops": "float64", "bytes_moved": "float64", "rule": "string"}
+
+# Ops that move or make data but do no arithmetic (FLOPs 0, bytes by the default rule).
+ZERO_FLOP_OPS = frozenset({
+    "cat", "stack", "index_select", "gather", "index", "index_put", "index_put_", "scatter",
+    "scatter_", "constant_pad_nd", "ones_like", "zeros_like", "full", "full_like", "ones", "zeros",
+    "arange", "randint", "randn", "rand", "randperm", "randint_like", "randn_like", "rand_like",
+    "tril", "triu", "repeat", "roll", "flip", "_local_scalar_dense", "resolve_conj", "resolve_neg",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "new_zeros",
+    "new_ones", "new_full", "resize_", "set_", "copy_", "_to_copy", "clone", "fill_", "zero_",
+    "lift_fresh_copy", "slice_backward", "select_backward", "as_strided_scatter", "slice_scatter",
+    "select_scatter", "_unsafe_view", "masked_fill", "masked_fill_", "where", "detach_",
+    "_index_put_impl_", "embedding", "scalar_tensor", "uniform_", "normal_", "bernoulli_",
+    "random_", "native_dropout", "_pin_memory", "split_with_sizes_copy", "unbind_copy",
+    "expand_copy", "permute_copy", "view_copy", "t_copy", "transpose_copy", "tril_indices",
+    "triu_indices", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "_assert_async",
+    "_foreach_copy_", "_foreach_zero_",
+})
+
+
+@lru_cache(maxsize=None)
+def is_view(func: Any) -> bool:
+    """True when every return of `func` aliases an input without writing it (views, alias ops)."""
+    if getattr(func, "is_view", False):
+        return True
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def op_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """Algorithmic lower bound on bytes moved: inputs + outputs, views 0, BYTE_RULES first."""
+    if is_view(func):
+        return 0
+    rule = fm.BYTE_RULES.get(func.overloadpacket)
+    if rule is not None:
+        return int(rule(args, kwargs, out))
+    inputs = fm.tensors((args, kwargs))
+    return sum(fm.tensor_bytes(t) for t in inputs) + sum(fm.tensor_bytes(t) for t in fm.tensors(out))
+
+
+def _foreach_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    base = func._schema.name.split("::")[-1][len("_foreach_"):]
+    per = fm.POINTWISE_FLOPS.get(base, fm.POINTWISE_FLOPS.get(base.rstrip("_"), 1))
+    first = args[0] if args and isinstance(args[0], (list, tuple)) else []
+    return int(per * sum(fm.numel(t) for t in first))
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[float, str]:
+    """(FLOPs, rule used). NaN and "unknown" when no rule covers the op."""
+    if is_view(func):
+        return 0.0, "view"
+    packet = func.overloadpacket
+    formula = fm.FLOP_FORMULAS.get(packet)
+    if formula is not None:
+        return float(formula(*args, out_val=out, **kwargs)), "formula"
+    name = func._schema.name.split("::")[-1]
+    if name.startswith("_foreach_") and name not in ZERO_FLOP_OPS:
+        return float(_foreach_flops(func, args, kwargs, out)), "foreach"
+    if name in ZERO_FLOP_OPS:
+        return 0.0, "data-movement"
+    tags = set(func.tags)
+    if torch.Tag.pointwise in tags:
+        return float(fm.pointwise_flops(func, args, kwargs, out)), "pointwise"
+    if getattr(torch.Tag, "reduction", None) in tags:
+        return float(fm.reduction_flops(func, args, kwargs, out)), "reduction"
+    return math.nan, "unknown"
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One recorded aten op. bytes_moved is an algorithmic lower bound (inputs + outputs, views 0)."""
+
+    step: int
+    seq: int
+    name: str
+    overload: str
+    flops: float
+    bytes_moved: float
+    rule: str
+
+
+class OpCostRecorder(TorchDispatchMode):
+    """Records an OpCost per aten op run under it; `mark_step()` starts the next step's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[OpCost] = []
+        self.step = 0
+        self._seq = 0
+
+    def mark_step(self) -> None:
+        self.step += 1
+        self._seq = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "profiler":  # record_function markers: annotations, not ops
+            return out
+        try:
+            flops, rule = op_flops(func, args, kwargs, out)
+        except Exception as exc:  # a formula that cannot read these args: say so, keep running
+            flops, rule = math.nan, f"error: {type(exc).__name__}"
+        self.rows.append(OpCost(self.step, self._seq, func._schema.name, func._overloadname, flops,
+                                float(op_bytes(func, args, kwargs, out)), rule))
+        self._seq += 1
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        """Rows as a DataFrame with COST_COLUMNS."""
+        if not self.rows:
+            return pd.DataFrame({k: pd.Series(dtype=v) for k, v in COST_COLUMNS.items()})
+        df = pd.DataFrame([r.__dict__ for r in self.rows])
+        return df.astype(COST_COLUMNS)[list(COST_COLUMNS)]
+
+
+def record_costs(step_fn: Callable[[int], None], steps: int = 1, first_step: int = 0) -> pd.DataFrame:
+    """Run `step_fn(i)` for `steps` steps under the recorder; one row per aten op (COST_COLUMNS)."""
+    recorder = OpCostRecorder()
+    with recorder:
+        for i in range(steps):
+            if i:
+                recorder.mark_step()
+            step_fn(first_step + i)
+    return recorder.frame()
+
+
+def costs_of(fn: Callable[[], Any]) -> pd.DataFrame:
+    """Rows for one call of `fn()` (tests, notebooks)."""
+    return record_costs(lambda _: fn(), 1)

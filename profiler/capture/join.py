@@ -1,0 +1,181 @@
+"""Join the untimed op-cost pass to the profiled trace: FLOPs and bytes onto cpu_op and GPU rows.
+
+The recorder (flops.py) sees each aten op below autograd, in execution order; the profiler shows
+those same ops as cpu_op rows, plus composites above them (aten::linear) and ops nested inside
+them (aten::addmm -> aten::copy_). Per rank and profiled step, the recorded sequence (one
+recorded step, the same program every step) is matched greedily in order:
+
+- candidates are the profiled cpu_ops (by start time, parents first) whose name the recorder
+  saw, skipping those nested inside an earlier candidate on the same thread (an inner
+  aten::copy_ of aten::_to_copy is part of it, never a recorded copy_ of its own);
+- candidates and recorded ops are aligned in order by name (difflib's matching blocks), so an op
+  present on one side only is one miss, never a shift of everything after it;
+- views and aliases (aten::t, view, detach, ...) cost 0 by definition: they are not matched (the
+  recorder sees detaches autograd makes for saved tensors that the profiler does not show) and
+  every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
+
+GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost of the matched op that launched them: their
+External id names the innermost launching cpu_op, and the matched op containing it on the same
+thread is found by interval. One op with several GPU rows splits its FLOPs and bytes over them in
+proportion to their duration. Bytes are an algorithmic lower bound (inputs + outputs, views 0).
+
+Mismatches are never guessed at: `JoinStats` counts matched and unmatched ops (with the most
+common unmatched names) and goes into `Trace.meta["capture"]["join"]`.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+GPU_COST_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+_STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+
+
+@dataclass(frozen=True)
+class JoinStats:
+    """How well the cost pass matched the profile (per Trace; summed over ranks and steps)."""
+
+    steps: int = 0
+    recorded_ops: int = 0
+    matched_ops: int = 0
+    unmatched_recorded: int = 0
+    unmatched_names: dict = field(default_factory=dict)  # name -> count (top 10)
+    gpu_rows_with_cost: int = 0
+    gpu_rows_without_cost: int = 0
+
+    @property
+    def match_rate(self) -> float:
+        return self.matched_ops / self.recorded_ops if self.recorded_ops else float("nan")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["match_rate"] = self.match_rate
+        d["note"] = "bytes_moved is an algorithmic lower bound (inputs + outputs, views excluded)"
+        return d
+
+
+def _steps_of(events: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
+    """The step of each op row: the `step` column, else containment in a ProfilerStep#N row."""
+    step = ops["step"].astype("Int64")
+    if step.notna().all():
+        return step
+    marks = events[events["name"].astype(str).str.startswith("ProfilerStep#")]
+    for _, m in marks.iterrows():
+        n = int(_STEP_RE.match(str(m["name"])).group(1))
+        inside = (ops["rank"] == m["rank"]) & (ops["ts_us"] >= m["ts_us"]) & (ops["ts_us"] < m["ts_us"] + m["dur_us"])
+        step = step.mask(step.isna() & inside, n)
+    return step
+
+
+def candidates(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray, wanted: set[str]) -> list[int]:
+    """Positions of profiled ops the recorder can have seen: a recorded name, not nested in another.
+
+    Rows are sorted by start (parents first). A row nested inside an earlier candidate on the same
+    thread is an implementation detail of it (aten::copy_ inside aten::_to_copy) and is skipped.
+    """
+    open_until: dict[int, float] = {}
+    out: list[int] = []
+    for j, name in enumerate(names):
+        if name not in wanted or ts[j] < open_until.get(tid[j], -np.inf):
+            continue
+        out.append(j)
+        open_until[tid[j]] = end[j]
+    return out
+
+
+def match_sequence(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray,
+                   recorded: list[str]) -> tuple[list[int], list[int], Counter]:
+    """Align `recorded` names with the candidate profiled ops (sorted by start) in order.
+
+    Returns (profiled positions, recorded positions) of the matches and a Counter of unmatched
+    recorded names. The alignment is difflib's longest matching blocks, so an op present on one
+    side only (the recorder sees aten::add where autograd ran add_ in place) costs one miss and
+    never shifts the rest.
+    """
+    cand = candidates(names, ts, end, tid, set(recorded))
+    cand_names = [names[j] for j in cand]
+    sm = difflib.SequenceMatcher(None, cand_names, recorded, autojunk=False)
+    prof_idx: list[int] = []
+    rec_idx: list[int] = []
+    for a, b, size in sm.get_matching_blocks():
+        prof_idx.extend(cand[a:a + size])
+        rec_idx.extend(range(b, b + size))
+    hit = set(rec_idx)
+    missing = Counter(n for r, n in enumerate(recorded) if r not in hit)
+    return prof_idx, rec_idx, missing
+
+
+def _gpu_costs(events: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, matched: np.ndarray) -> tuple[int, int]:
+    """Give GPU rows the cost of their launching matched op, split by duration. Mutates arrays."""
+    gpu = np.flatnonzero(events["kind"].isin(GPU_COST_KINDS).to_numpy() & events["external_id"].notna().to_numpy())
+    if not len(gpu):
+        return 0, 0
+    cpu = events[(events["kind"] == "cpu_op") & events["external_id"].notna()]
+    launcher = dict(zip(zip(cpu["rank"], cpu["external_id"].astype("int64")), zip(cpu["tid"], cpu["ts_us"])))
+    m = events.iloc[np.flatnonzero(matched)]
+    spans: dict = {}
+    for (rank, tid), grp in m.groupby(["rank", "tid"], observed=True):
+        grp = grp.sort_values("ts_us")
+        spans[(rank, tid)] = (grp["ts_us"].to_numpy(), (grp["ts_us"] + grp["dur_us"]).to_numpy(), grp.index.to_numpy())
+    owner = np.full(len(gpu), -1, dtype=np.int64)
+    ranks, ext = events["rank"].to_numpy(), events["external_id"].to_numpy()
+    for k, row in enumerate(gpu):
+        hit = launcher.get((ranks[row], int(ext[row])))
+        span = spans.get((ranks[row], hit[0])) if hit else None
+        if span is None:
+            continue
+        pos = np.searchsorted(span[0], hit[1], side="right") - 1
+        if pos >= 0 and hit[1] <= span[1][pos]:
+            owner[k] = events.index.get_loc(span[2][pos])
+    dur = events["dur_us"].to_numpy()[gpu]
+    for op in np.unique(owner[owner >= 0]):
+        rows = gpu[owner == op]
+        d = dur[owner == op]
+        share = d / d.sum() if d.sum() > 0 else np.full(len(rows), 1.0 / len(rows))
+        flops[rows] = flops[op] * share
+        bytes_[rows] = bytes_[op] * share
+    return int((owner >= 0).sum()), int((owner < 0).sum())
+
+
+def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame, JoinStats]:
+    """events with `flops`/`bytes_moved` filled from `costs` (one recorded step, flops.COST_COLUMNS).
+
+    Every profiled step of every rank is matched against the same recorded sequence.
+    """
+    events = events.reset_index(drop=True)
+    flops = events["flops"].to_numpy(dtype="float64", copy=True)
+    bytes_ = events["bytes_moved"].to_numpy(dtype="float64", copy=True)
+    matched = np.zeros(len(events), dtype=bool)
+    views = costs["rule"] == "view"
+    view_names = set(costs.loc[views, "name"].astype(str))
+    costs = costs[~views]
+    recorded = costs["name"].astype(str).tolist()
+    rec_flops, rec_bytes = costs["flops"].to_numpy(), costs["bytes_moved"].to_numpy()
+    ops = events[events["kind"] == "cpu_op"]
+    ops = ops.assign(_step=_steps_of(events, ops)).dropna(subset=["_step"])
+    steps = recorded_total = matched_total = 0
+    missing: Counter = Counter()
+    for _, grp in ops.groupby(["rank", "_step"], observed=True, sort=True):
+        grp = grp.sort_values(["ts_us", "dur_us"], ascending=[True, False], kind="stable")
+        tid = grp["tid"].fillna(-1).astype("int64").to_numpy()
+        ts = grp["ts_us"].to_numpy()
+        prof, rec, miss = match_sequence(grp["name"].astype(str).tolist(), ts, ts + grp["dur_us"].to_numpy(), tid, recorded)
+        rows = grp.index.to_numpy()[prof]
+        flops[rows], bytes_[rows] = rec_flops[rec], rec_bytes[rec]
+        matched[rows] = True
+        steps += 1
+        recorded_total += len(recorded)
+        matched_total += len(prof)
+        missing.update(miss)
+    with_cost, without = _gpu_costs(events, flops, bytes_, matched)
+    is_view = (events["kind"] == "cpu_op").to_numpy() & events["name"].astype(str).isin(view_names).to_numpy()
+    flops[is_view & ~matched], bytes_[is_view & ~matched] = 0.0, 0.0
+    out = events.assign(flops=flops, bytes_moved=bytes_)
+    stats = JoinStats(steps, recorded_total, matched_total, recorded_total - matched_total,
+                      dict(missing.most_common(10)), with_cost, without)
+    return out, stats

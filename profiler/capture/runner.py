@@ -1,0 +1,223 @@
+"""Run a model spec under a capture backend and return a Trace with FLOPs, bytes and counters.
+
+`capture(spec, plan, out_dir)`:
+1. resolve the spec (spec.py) and move model and inputs to the plan's device and dtype;
+2. run one plain step (validates the spec, initialises lazy state such as optimizer moments);
+3. run one untimed step under the op-cost recorder (flops.py) when `plan.flops`;
+4. run the backend (`plan.backend`, default Kineto) for wait + warmup + active steps, inside the
+   NVML sampler on CUDA;
+5. join the costs onto the profiled ops (join.py), merge NVML counters, record what was off.
+
+Training mode is forward + backward + optimizer step (AdamW); the loss is `output.loss` when
+present, a 0-dim output as is, else the mean of the first tensor output. Inference runs under
+`torch.inference_mode()`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import pandas as pd
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn, get_backend
+from profiler.capture.spec import LoadedModel, SpecError, describe_failure, load_spec
+from profiler.trace.model import Trace
+from profiler.trace.schema import COUNTER_COLUMNS
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+NVML_HZ = 50
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """`out.loss` if present, a 0-dim tensor as is, else the mean of the first tensor output."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, torch.Tensor) and out.dim() == 0:
+        return out
+    if isinstance(out, Mapping):
+        out = list(out.values())
+    first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    if first is None:
+        raise TypeError(f"the model returned no floating-point tensor to train on ({type(out).__name__})")
+    return first.float().mean()
+
+
+def prepare(loaded: LoadedModel, plan: CapturePlan) -> LoadedModel:
+    """Model and inputs on the plan's device and dtype (integer inputs keep their dtype)."""
+    spec = loaded.spec
+    if plan.is_cuda and not torch.cuda.is_available():
+        raise CaptureError(f"spec {spec!r}: --device cuda requested but no CUDA device is available here")
+    on_meta = [n for n, p in loaded.model.named_parameters() if p.device.type == "meta"]
+    if on_meta:
+        raise SpecError(f"spec {spec!r}: parameter {on_meta[0]!r} is on the meta device (no data); cannot run it")
+    device, dtype = torch.device(plan.device), DTYPES[plan.dtype]
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+
+    try:
+        model = loaded.model.to(device=device, dtype=dtype)
+        inputs = tree_map(move, dict(loaded.inputs) if isinstance(loaded.inputs, Mapping) else loaded.inputs)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise describe_failure(spec, f"moving the model to {plan.device}/{plan.dtype}", exc) from None
+    return dataclasses.replace(loaded, model=model, inputs=inputs)
+
+
+def make_step(loaded: LoadedModel, plan: CapturePlan) -> Callable[[int], None]:
+    """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised."""
+    model = loaded.model
+    sync = torch.cuda.synchronize if plan.is_cuda else (lambda: None)
+    if plan.mode == "infer":
+        model.eval()
+
+        def infer_step(i: int) -> None:
+            with torch.inference_mode():
+                loaded.call()
+            sync()
+
+        return infer_step
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise SpecError(f"spec {loaded.spec!r}: the model has no trainable parameters; use --mode infer")
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def train_step(i: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_of(loaded.call()).backward()
+        opt.step()
+        sync()
+
+    return train_step
+
+
+def guarded(spec: str, step_fn: Callable[[int], None]) -> Callable[[int], None]:
+    """step_fn whose failures become one-line SpecErrors naming the spec and step."""
+
+    def run(i: int) -> None:
+        try:
+            step_fn(i)
+        except (SpecError, CaptureError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise describe_failure(spec, f"step {i}", exc) from None
+
+    return run
+
+
+def _nvml(plan: CapturePlan, off: dict[str, str]) -> Any:
+    """An NVML sampler for CUDA plans, else None with the reason in `off`."""
+    if not plan.is_cuda:
+        off["nvml"] = "device is cpu (NVML samples NVIDIA GPUs only)"
+        return None
+    if not plan.nvml:
+        off["nvml"] = "turned off for this capture"
+        return None
+    try:
+        from profiler.capture.nvml import NvmlSampler
+    except ModuleNotFoundError as exc:
+        off["nvml"] = f"NVML sampler module unavailable ({exc.name})"
+        return None
+    return NvmlSampler(hz=NVML_HZ)
+
+
+def nvml_counters(samples: pd.DataFrame, raw_path: Optional[Path], trace: Trace) -> pd.DataFrame:
+    """NVML samples (ts_us in Unix-epoch µs) on the Trace's clock, via Kineto's baseTimeNanoseconds."""
+    if samples is None or samples.empty:
+        return samples
+    base_us = 0.0
+    if raw_path is not None and float(samples["ts_us"].max()) > 1e15:
+        import orjson
+
+        doc = orjson.loads(Path(raw_path).read_bytes())
+        base_us = float(doc.get("baseTimeNanoseconds", 0)) / 1e3
+    ts = samples["ts_us"].astype("float64") - base_us - float(trace.meta.get("t0_us", 0.0))
+    return samples.assign(ts_us=ts)
+
+
+def _merge_counters(trace: Trace, extra: Optional[pd.DataFrame]) -> pd.DataFrame:
+    if extra is None or extra.empty:
+        return trace.counters
+    frames = [f for f in (trace.counters, extra[list(COUNTER_COLUMNS)]) if not f.empty]
+    merged = pd.concat([f.astype({k: "object" if v == "category" else v for k, v in COUNTER_COLUMNS.items()}) for f in frames],
+                       ignore_index=True)
+    return merged.astype(COUNTER_COLUMNS)
+
+
+def _cost_summary(costs: Optional[pd.DataFrame]) -> dict:
+    if costs is None:
+        return {}
+    unknown = costs[costs["rule"] == "unknown"]["name"].value_counts().head(10)
+    return {"ops": int(len(costs)), "flops": float(costs["flops"].sum()),
+            "bytes_moved": float(costs["bytes_moved"].sum()),
+            "unknown_flop_ops": {str(k): int(v) for k, v in unknown.items()}}
+
+
+def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
+            batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
+            progress: Optional[ProgressFn] = None,
+            wrap_model: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None) -> CaptureResult:
+    """Profile `spec` per `plan`; the raw trace goes to `out_dir`. Raises SpecError / CaptureError."""
+    say = progress or (lambda done, total, msg: None)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    backend = get_backend(plan.backend)
+    t0 = time.perf_counter()
+    say(0, plan.steps, "building the model")
+    loaded = spec if isinstance(spec, LoadedModel) else load_spec(spec, size=size, batch=batch, overrides=overrides)
+    loaded = prepare(loaded, plan)
+    if wrap_model is not None:
+        loaded = dataclasses.replace(loaded, model=wrap_model(loaded.model))
+    step = guarded(loaded.spec, make_step(loaded, plan))
+    build_s = time.perf_counter() - t0
+    say(0, plan.steps, "first step (unprofiled)")
+    step(-1)
+    costs = None
+    t1 = time.perf_counter()
+    if plan.flops:
+        from profiler.capture.flops import record_costs
+
+        say(0, plan.steps, "counting FLOPs and bytes (untimed pass)")
+        costs = record_costs(step, 1, first_step=-2)
+    flops_s = time.perf_counter() - t1
+    off: dict[str, str] = {}
+    if plan.backend == "kineto":
+        off["cupti"] = "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)"
+    sampler = _nvml(plan, off)
+    with sampler if sampler is not None else contextlib.nullcontext():
+        result = backend.fn(step, plan, out_dir, say)
+    samples = None
+    if sampler is not None:
+        if sampler.unavailable_reason:
+            off["nvml"] = sampler.unavailable_reason
+        else:
+            samples = nvml_counters(sampler.samples(), result.raw_path, result.trace)
+    off.update(result.sources_off)
+    trace = result.trace
+    events, stats = trace.events, None
+    if costs is not None:
+        from profiler.capture.join import join_costs
+
+        say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
+        events, stats = join_costs(trace.events, costs)
+    if not plan.flops:
+        off["flops"] = "turned off for this capture"
+    meta = dict(trace.meta)
+    meta["capture"] = {"spec": loaded.spec, "spec_kind": loaded.kind, "model_class": type(loaded.model).__name__,
+                       "plan": dataclasses.asdict(plan), "sources_off": dict(off),
+                       "costs": _cost_summary(costs), "join": stats.as_dict() if stats else None,
+                       "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs, views excluded)"}
+    new = Trace(events=events, meta=meta, memory=trace.memory, counters=_merge_counters(trace, samples))
+    timings = {"build_s": build_s, "flops_pass_s": flops_s, **result.timings, "total_s": time.perf_counter() - t0}
+    say(plan.steps, plan.steps, "done")
+    return CaptureResult(new, result.raw_path, off, timings)
