@@ -1,0 +1,128 @@
+"""`python -m profiler analyze TRACE [TRACE...] [--json OUT] [--compare OTHER...]`.
+
+Loads the trace(s) as one Trace (several files = several ranks), runs every registered analysis
+and rule, prints a readable summary (top kernels, breakdowns, findings) and, with `--json`, writes
+the versioned report of `profiler.analysis.report_json` (schema in docs/analysis.md). With
+`--compare` the OTHER file(s) load as a second Trace and the diff joins the summary and the JSON.
+Exit 0 on success, 2 on bad input (one line on stderr, from the CLI's error handling).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from profiler.cli import register_command
+
+TOP_KERNELS = 10
+NAME_WIDTH = 70
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help=".json/.json.gz trace, a directory or .zip of them; several files = several ranks")
+    p.add_argument("--json", metavar="OUT", type=Path, help="write every analysis as versioned JSON to OUT")
+    p.add_argument("--compare", nargs="+", metavar="OTHER", help="trace file(s) to diff against (B vs A=TRACE)")
+    p.add_argument("--top", type=int, default=TOP_KERNELS, help=f"kernels to list (default {TOP_KERNELS})")
+    p.add_argument("--max-rows", type=int, default=200,
+                   help="rows per table under 'analyses' in the JSON (headline tables are complete)")
+    p.add_argument("--max-decompressed-gb", type=float, default=4.0,
+                   help="refuse traces that decompress to more than this (default 4)")
+
+
+def _load(paths: list[str], max_gb: float):
+    from profiler.trace import load_trace
+
+    return load_trace(paths[0] if len(paths) == 1 else list(paths), max_decompressed_bytes=int(max_gb * (1 << 30)))
+
+
+def _short(name: Any, width: int = NAME_WIDTH) -> str:
+    s = " ".join(str(name).split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _fmt(x: Any, spec: str = ",.1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _pct(x: Any) -> str:
+    return "n/a (no communication)" if x is None else f"{x:.0f}%"
+
+
+def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
+    """The terminal summary, built from the report dict only (so it shows what the JSON holds)."""
+    t = report["trace"]
+    lines = [f"trace: {', '.join(t['sources'])}  ranks: {t['ranks']}  events: {t['events']:,}"]
+    kb = report.get("kernel_breakdown") or []
+    total = sum(r["total_us"] for r in kb) or 0.0
+    lines += ["", f"top kernels (of {len(kb):,} names, {total:,.0f} µs of GPU time):",
+              f"  {'total µs':>12} {'share':>6} {'count':>8}  {'type':<13} name"]
+    for r in kb[:top]:
+        share = r["total_us"] / total if total else 0.0
+        lines.append(f"  {r['total_us']:>12,.1f} {share:>6.1%} {r['count']:>8,}  {str(r['kernel_type']):<13} {_short(r['name'])}")
+    ktb = report.get("kernel_type_breakdown") or {}
+    if ktb:
+        lines += ["", "kernel types: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in ktb.items())]
+    for rank, v in (report.get("temporal") or {}).items():
+        span = v["span_us"] or 0.0
+        pct = (lambda x: f"{100 * x / span:.0f}%" if span and x is not None else "n/a")
+        lines.append(f"rank {rank} GPU span {_fmt(span, ',.0f')} µs: compute {pct(v['compute_us'])}, "
+                     f"non-compute {pct(v['non_compute_us'])}, idle {pct(v['idle_us'])}; "
+                     f"comm/compute overlap {_pct((report.get('comm_comp_overlap_pct') or {}).get(rank))}")
+    steps = report.get("step_breakdown") or []
+    if steps:
+        cats = [k for k in steps[0] if k.endswith("_us") and k not in ("start_us", "end_us", "duration_us")]
+        dur = sum(s["duration_us"] or 0.0 for s in steps)
+        if dur > 0:
+            parts = ", ".join(f"{c.removesuffix('_us')} {100 * sum(s[c] or 0.0 for s in steps) / dur:.0f}%" for c in cats)
+            lines.append(f"step time ({len(steps)} step window(s), {dur:,.0f} µs): {parts}")
+    findings = report.get("findings") or []
+    lines += ["", f"findings ({len(findings)}):" if findings else "findings: none"]
+    for f in findings:
+        pct = f["est_saving_pct"]
+        lines.append(f"  [{f['severity']}] {f['rule']}: {f['message']} "
+                     f"(est. saving {f['est_saving_us']:,.0f} µs{'' if pct is None else f', {pct:.1f}% of step'})")
+    if "diff" in report:
+        d = report["diff"]
+        tot = d["totals"]
+        lines += ["", f"diff vs {', '.join(report['compare_trace']['sources'])}: kernel time "
+                      f"{tot['kernel_us_a']:,.0f} -> {tot['kernel_us_b']:,.0f} µs ({tot['delta_kernel_us']:+,.0f}); "
+                      f"{len(d['new_kernels'])} new, {len(d['vanished_kernels'])} vanished kernel names"]
+        for r in d["kernels"][:top]:
+            pct = "" if r["delta_pct"] is None else f" ({r['delta_pct']:+.0f}%)"
+            lines.append(f"  {r['delta_us']:>+12,.1f} µs{pct} {r['status']:<8} {_short(r['name'])}")
+    if report.get("errors"):
+        lines += ["", "analyses that failed: " + "; ".join(f"{k}: {v}" for k, v in report["errors"].items())]
+    return lines
+
+
+def write_json(report: dict[str, Any], out: Path) -> None:
+    """Strict JSON (no NaN), written atomically (temp file + rename)."""
+    text = json.dumps(report, allow_nan=False, ensure_ascii=False, indent=1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@register_command("analyze", "Run every analysis and rule on trace(s); print a summary, optionally write JSON",
+                  _add_arguments)
+def run(args: argparse.Namespace) -> int:
+    from profiler.analysis.report_json import build_report
+
+    trace = _load(args.traces, args.max_decompressed_gb)
+    other = _load(args.compare, args.max_decompressed_gb) if args.compare else None
+    report = build_report(trace, compare=other, max_rows=args.max_rows)
+    print("\n".join(summary_lines(report, args.top)))
+    if args.json:
+        write_json(report, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
