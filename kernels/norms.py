@@ -99,7 +99,8 @@ class _FusedNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+    def run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast):
+        """The forward pass alone: (outputs, x2, sum [M, N] or empty, mean, rstd)."""
         shape, n = x.shape, x.shape[-1]
         x2, r2 = _rows(x, n), _rows(residual, n)
         m = x2.shape[0]
@@ -113,12 +114,20 @@ class _FusedNorm(torch.autograd.Function):
                 ops.layer_norm_fwd(x2, r2, w_eff, b32, eps, y, s, mean, rstd)
             else:
                 ops.rms_norm_fwd(x2, r2, w_eff, eps, llama_cast, y, s, rstd)
+        y = y.view(shape)
+        outs = (s.view(shape), y) if r2 is not None else y
+        return outs, x2, s, mean, rstd
+
+    @staticmethod
+    def forward(ctx, ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+        shape = x.shape
+        outs, x2, s, mean, rstd = _FusedNorm.run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast)
+        r2 = residual
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(s if r2 is not None else x2, w_eff, mean, rstd)
         ctx.meta = (ops, kind, shape, llama_cast, r2 is not None,
                     None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        y = y.view(shape)
-        return (s.view(shape), y) if r2 is not None else y
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -162,6 +171,17 @@ def _triton_ops():
 
 
 _OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
+_OPS_CACHE: dict[str, Any] = {}
+
+
+def _apply(provider, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+    """Run the fused norm; skip autograd bookkeeping when no gradient is needed (inference)."""
+    ops = _OPS_CACHE.get(provider)
+    if ops is None:
+        ops = _OPS_CACHE[provider] = _OPS[provider]()
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
+        return _FusedNorm.apply(ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast)
+    return _FusedNorm.run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast)[0]
 
 
 def _rms_w_eff(weight, offset, casting):
@@ -175,21 +195,21 @@ def _rms_w_eff(weight, offset, casting):
 def _ln(provider):
     def run(x, weight=None, bias=None, eps=1e-5):
         w = None if weight is None else weight.float().contiguous()
-        return _FusedNorm.apply(_OPS[provider](), "ln", x, None, weight, bias, eps, w, False)
+        return _apply(provider, "ln", x, None, weight, bias, eps, w, False)
     return run
 
 
 def _add_ln(provider):
     def run(x, residual, weight=None, bias=None, eps=1e-5):
         w = None if weight is None else weight.float().contiguous()
-        return _FusedNorm.apply(_OPS[provider](), "ln", x, residual, weight, bias, eps, w, False)
+        return _apply(provider, "ln", x, residual, weight, bias, eps, w, False)
     return run
 
 
 def _rms(provider):
     def run(x, weight=None, eps=1e-6, offset=0.0, casting=None):
         c = _casting(offset, casting)
-        return _FusedNorm.apply(_OPS[provider](), "rms", x, None, weight, None, eps,
+        return _apply(provider, "rms", x, None, weight, None, eps,
                                 _rms_w_eff(weight, offset, c), c == "llama")
     return run
 
@@ -197,7 +217,7 @@ def _rms(provider):
 def _add_rms(provider):
     def run(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
         c = _casting(offset, casting)
-        return _FusedNorm.apply(_OPS[provider](), "rms", x, residual, weight, None, eps,
+        return _apply(provider, "rms", x, residual, weight, None, eps,
                                 _rms_w_eff(weight, offset, c), c == "llama")
     return run
 
@@ -221,6 +241,13 @@ def _same_dtypes(*tensors: Any, **_: Any) -> str | None:
         if t.dim() > 1 and t.shape != x.shape:
             return f"residual shape {tuple(t.shape)} != input shape {tuple(x.shape)}"
     return None
+
+
+def _triton_fits(x, *args, **kwargs) -> str | None:
+    from kernels.triton_norms import MAX_N
+
+    n = x.shape[-1] if x.dim() else 0
+    return None if n <= MAX_N else f"last dim {n} > {MAX_N} does not fit one Triton row block"
 
 
 def _fp32_only(x, *args, **kwargs) -> str | None:
@@ -275,20 +302,23 @@ _SUPPORTS = Supports(check=_same_dtypes)
 LAYER_NORM = register_kernel(KernelSpec(
     "layer_norm", layer_norm_reference,
     {"cpu": _ln("cpu"), "triton": _ln("triton"), "aten": _aten_ln},
-    _SUPPORTS, _ln_cost, "LayerNorm over the last dim, optional weight and bias"))
+    _SUPPORTS, _ln_cost, "LayerNorm over the last dim, optional weight and bias",
+    provider_checks={"triton": _triton_fits}))
 RMS_NORM = register_kernel(KernelSpec(
     "rms_norm", rms_norm_reference,
     {"cpu": _rms("cpu"), "triton": _rms("triton"), "aten": _aten_rms},
     _SUPPORTS, _rms_cost, "RMSNorm, HF Llama/Gemma casting, (offset + weight)",
-    provider_checks={"aten": _fp32_only}))
+    provider_checks={"aten": _fp32_only, "triton": _triton_fits}))
 ADD_LAYER_NORM = register_kernel(KernelSpec(
     "add_layer_norm", add_layer_norm_reference,
     {"cpu": _add_ln("cpu"), "triton": _add_ln("triton"), "aten": _aten_add_ln},
-    _SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)"))
+    _SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)",
+    provider_checks={"triton": _triton_fits}))
 ADD_RMS_NORM = register_kernel(KernelSpec(
     "add_rms_norm", add_rms_norm_reference,
     {"cpu": _add_rms("cpu"), "triton": _add_rms("triton")},
-    _SUPPORTS, _add_rms_cost, "residual add + RMSNorm, returns (sum, normed)"))
+    _SUPPORTS, _add_rms_cost, "residual add + RMSNorm, returns (sum, normed)",
+    provider_checks={"triton": _triton_fits}))
 
 
 # ---------------------------------------------------------------- public functional API
