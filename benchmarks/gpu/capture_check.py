@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", default="gpt2")
     ap.add_argument("--mode", default="train", choices=("train", "infer"))
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--worker-timeout-s", type=int, default=35)
+    ap.add_argument("--worker-timeout-s", type=int, default=30)
     ap.add_argument("--device", default="cuda", help="worker device (cpu: a smoke test of the kineto worker)")
     ap.add_argument("--worker", choices=("kineto", "cupti"), help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)

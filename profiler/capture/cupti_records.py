@@ -45,6 +45,8 @@ class CuptiRecords:
     external: dict[int, int] = field(default_factory=dict)  # correlation id -> external id
     ops: list[dict] = field(default_factory=list)  # recorder rows
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (step, start_ns, end_ns)
+    errors: int = 0  # activity records that could not be copied (kept out of the trace)
+    first_error: str = ""
 
 
 def demangle(names: Iterable[str]) -> dict[str, str]:
@@ -106,7 +108,8 @@ def build_trace(rec: CuptiRecords, unix_offset_ns: int, device_properties: Seque
         events = events[list(COLUMNS)].astype({k: v[0] for k, v in COLUMNS.items()})
     props = tuple(dict(p) for p in device_properties)
     meta = {"schema_version": SCHEMA_VERSION, "sources": ("cupti-python",), "t0_us": (t0_ns + unix_offset_ns) / 1e3,
-            "ranks": (rank,), "skipped_events": 0, "skipped_reasons": {},
+            "ranks": (rank,), "skipped_events": rec.errors,
+            "skipped_reasons": {f"cupti record not copied ({rec.first_error})": rec.errors} if rec.errors else {},
             "device_properties": props, "versions": dict(versions or {}),
             "per_rank": {rank: {"source": "cupti-python", "device_properties": props, "distributed_info": None,
                                 "versions": dict(versions or {})}}}

@@ -66,6 +66,13 @@ def cupti_unavailable_reason() -> Optional[str]:
     return None
 
 
+def _enum_name(enum: Any, value: int) -> str:
+    try:
+        return enum(value).name
+    except ValueError:
+        return str(value)
+
+
 def _kernel(a: Any) -> dict:
     return {"kind": "kernel", "name": a.name, "start": a.start, "end": a.end, "device": a.device_id,
             "stream": a.stream_id, "correlation": a.correlation_id, "grid_x": a.grid_x, "grid_y": a.grid_y,
@@ -94,24 +101,31 @@ class CuptiTracer:
         return BUFFER_BYTES, 0  # 0 = as many records as fit
 
     def _buffer_completed(self, activities: list) -> None:
-        c, rec = self._cupti, self.records
         for a in activities:  # copy out now: the buffer is reused after this returns
-            kind = a.kind
-            if kind == c.ActivityKind.CONCURRENT_KERNEL:
-                rec.gpu.append(_kernel(a))
-            elif kind in (c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET):
-                is_copy = kind == c.ActivityKind.MEMCPY
-                label = f"Memcpy {c.ActivityMemcpyKind(a.copy_kind).name}" if is_copy else "Memset (Device)"
-                rec.gpu.append({"kind": "gpu_memcpy" if is_copy else "gpu_memset", "name": label,
-                                "start": a.start, "end": a.end, "device": a.device_id, "stream": a.stream_id,
-                                "correlation": a.correlation_id, "bytes": a.bytes})
-            elif kind == c.ActivityKind.EXTERNAL_CORRELATION:
-                rec.external[a.correlation_id] = a.external_id
-            elif kind in (c.ActivityKind.RUNTIME, c.ActivityKind.DRIVER):
-                runtime = kind == c.ActivityKind.RUNTIME
-                rec.api.append({"kind": "cuda_runtime" if runtime else "cuda_driver",
-                                "name": self._api_name(runtime, a.cbid), "start": a.start, "end": a.end,
-                                "pid": a.process_id, "tid": a.thread_id, "correlation": a.correlation_id})
+            try:
+                self._copy_record(a)
+            except Exception as exc:  # never raise into CUPTI's thread; count and keep the first reason
+                self.records.errors += 1
+                self.records.first_error = self.records.first_error or f"{type(exc).__name__}: {exc}"
+
+    def _copy_record(self, a: Any) -> None:
+        c, rec = self._cupti, self.records
+        kind = a.kind
+        if kind == c.ActivityKind.CONCURRENT_KERNEL:
+            rec.gpu.append(_kernel(a))
+        elif kind in (c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET):
+            is_copy = kind == c.ActivityKind.MEMCPY
+            label = f"Memcpy {_enum_name(c.ActivityMemcpyKind, a.copy_kind)}" if is_copy else "Memset (Device)"
+            rec.gpu.append({"kind": "gpu_memcpy" if is_copy else "gpu_memset", "name": label,
+                            "start": a.start, "end": a.end, "device": a.device_id, "stream": a.stream_id,
+                            "correlation": a.correlation_id, "bytes": a.bytes})
+        elif kind == c.ActivityKind.EXTERNAL_CORRELATION:
+            rec.external[a.correlation_id] = a.external_id
+        elif kind in (c.ActivityKind.RUNTIME, c.ActivityKind.DRIVER):
+            runtime = kind == c.ActivityKind.RUNTIME
+            rec.api.append({"kind": "cuda_runtime" if runtime else "cuda_driver",
+                            "name": self._api_name(runtime, a.cbid), "start": a.start, "end": a.end,
+                            "pid": a.process_id, "tid": a.thread_id, "correlation": a.correlation_id})
 
     def _api_name(self, runtime: bool, cbid: int) -> str:
         key = (int(runtime), cbid)
@@ -183,6 +197,8 @@ def op_recorder(tracer: CuptiTracer, kind_name: str = "CUSTOM0") -> Any:
             self.next_id = 1
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "profiler":  # record_function markers: annotations, not ops
+                return func(*args, **(kwargs or {}))
             ext, self.next_id = self.next_id, self.next_id + 1
             start = c.get_timestamp()
             c.activity_push_external_correlation_id(kind, ext)

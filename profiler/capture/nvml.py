@@ -49,8 +49,13 @@ def _readers(nvml: Any) -> dict[str, Callable[[Any], Sequence[tuple[str, float]]
         return [("gpu_util_pct", float(u.gpu)), ("mem_util_pct", float(u.memory))]
 
     def throttle(h):  # the newer name first; drivers before r535 only have the throttle API
-        fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        return [("throttle_reasons", float(fn(h)))]
+        newer = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if newer is not None:
+            try:
+                return [("throttle_reasons", float(newer(h)))]
+            except getattr(nvml, "NVMLError_FunctionNotFound", nvml.NVMLError):
+                pass
+        return [("throttle_reasons", float(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)))]
 
     return {
         "utilization": util,

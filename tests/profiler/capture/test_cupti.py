@@ -105,3 +105,31 @@ def test_empty_records_give_an_empty_trace_and_signature_spelling():
     dims, types = input_signature((torch.zeros(2, 3, dtype=torch.bfloat16), 1.5, [torch.zeros(1)], None))
     assert json.loads(dims) == [[2, 3], [], [[1]], []]
     assert json.loads(types) == ["c10::BFloat16", "Scalar", "TensorList", ""]
+
+
+def test_buffer_callback_copies_each_record_kind_and_counts_bad_ones():
+    from types import SimpleNamespace as NS
+
+    from cupti import cupti
+
+    tracer = CuptiTracer()  # enums only: no CUPTI call is made until start()
+    K = cupti.ActivityKind
+    kernel = NS(kind=int(K.CONCURRENT_KERNEL), name="k", start=10, end=30, device_id=0, stream_id=7,
+                correlation_id=5, grid_x=1, grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
+                registers_per_thread=32, static_shared_memory=1024, dynamic_shared_memory=2048)
+    copy = NS(kind=int(K.MEMCPY), copy_kind=int(cupti.ActivityMemcpyKind.HTOD), start=1, end=2, device_id=0,
+              stream_id=7, correlation_id=6, bytes=64)
+    memset = NS(kind=int(K.MEMSET), start=3, end=4, device_id=0, stream_id=7, correlation_id=8, bytes=32)
+    ext = NS(kind=int(K.EXTERNAL_CORRELATION), correlation_id=5, external_id=42)
+    launch = NS(kind=int(K.RUNTIME), cbid=211, start=5, end=9, process_id=1, thread_id=2, correlation_id=5)
+    broken = NS(kind=int(K.CONCURRENT_KERNEL), name="no fields")
+    tracer._buffer_completed([kernel, copy, memset, ext, launch, broken])
+    rec = tracer.records
+    assert rec.errors == 1 and "AttributeError" in rec.first_error
+    assert [r["kind"] for r in rec.gpu] == ["kernel", "gpu_memcpy", "gpu_memset"]
+    assert rec.gpu[0]["shared_memory_bytes"] == 3072 and rec.gpu[1]["name"] == "Memcpy HTOD"
+    assert rec.external == {5: 42} and rec.api[0]["kind"] == "cuda_runtime"
+    trace = build_trace(rec, 0)
+    assert trace.meta["skipped_events"] == 1
+    ev = trace.events.set_index("kind")
+    assert ev.loc["kernel", "external_id"] == 42 and ev.loc["cuda_runtime", "external_id"] == 42
