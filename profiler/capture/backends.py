@@ -18,7 +18,7 @@ reason it was off, e.g. {"nvml": "no NVIDIA driver: NVMLError_LibraryNotFound"})
 Backends register with `@register_backend(name, probe=...)`; a duplicate name is an error. `probe`
 (optional) returns None when the backend can run here, else the reason it cannot; it is called
 lazily and cached. Built-in backend modules (imported on first lookup, never at import time):
-`profiler.capture.kineto` (default, this helper) and `profiler.capture.cupti` (the cupti-python
+`profiler.capture.kineto` (default) and `profiler.capture.cupti_tracer` (the cupti-python
 kernel-only tracer). A missing built-in module is skipped; its absence is reported by name.
 
 NVML is not a backend: the runner wraps any backend in `profiler.capture.nvml.NvmlSampler(hz=50)`
@@ -39,7 +39,7 @@ from profiler.trace.model import Trace
 DEVICES = ("cpu", "cuda")
 MODES = ("train", "infer")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-BUILTIN_BACKEND_MODULES = ("profiler.capture.kineto", "profiler.capture.cupti")
+BUILTIN_BACKEND_MODULES = ("profiler.capture.kineto", "profiler.capture.cupti_tracer")
 
 ProgressFn = Callable[[int, int, str], None]
 

@@ -24,13 +24,19 @@ import pandas as pd
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn, get_backend
+from profiler.capture.backends import (CaptureError, CapturePlan, CaptureResult, ProgressFn, get_backend,
+                                       unavailable_reason)
 from profiler.capture.spec import LoadedModel, SpecError, describe_failure, load_spec
 from profiler.trace.model import Trace
 from profiler.trace.schema import COUNTER_COLUMNS
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 NVML_HZ = 50
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def loss_of(out: Any) -> torch.Tensor:
@@ -192,7 +198,9 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     flops_s = time.perf_counter() - t1
     off: dict[str, str] = {}
     if plan.backend == "kineto":
-        off["cupti"] = "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)"
+        cupti_reason = unavailable_reason("cupti")
+        off["cupti"] = (f"not used: {cupti_reason}" if cupti_reason else
+                        "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)")
     sampler = _nvml(plan, off)
     with sampler if sampler is not None else contextlib.nullcontext():
         result = backend.fn(step, plan, out_dir, say)
@@ -212,6 +220,8 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
         events, stats = join_costs(trace.events, costs)
     if not plan.flops:
         off["flops"] = "turned off for this capture"
+    if costs is not None:
+        costs.to_parquet(out_dir / f"op_costs_rank{_rank()}.parquet", index=False)
     meta = dict(trace.meta)
     meta["capture"] = {"spec": loaded.spec, "spec_kind": loaded.kind, "model_class": type(loaded.model).__name__,
                        "plan": dataclasses.asdict(plan), "sources_off": dict(off),

@@ -1,0 +1,83 @@
+"""Files a capture leaves behind: the Trace as Parquet (+ meta JSON sidecar) and a summary JSON.
+
+Layout of `save_trace(trace, folder)`: `events.parquet`, `memory.parquet`, `counters.parquet`
+(pyarrow keeps categorical and nullable dtypes) and `meta.json`. `load_saved_trace(folder)` reads
+them back into an equal Trace. Writes go to a temporary name first and are renamed, so a folder
+never holds a half-written file. Nothing here is unpickled.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from profiler.trace.model import Trace, TraceError
+from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS, MEMORY_COLUMNS
+
+TABLES = {"events": COLUMNS, "memory": MEMORY_COLUMNS, "counters": COUNTER_COLUMNS}
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready copy: mappings -> dict, tuples -> list, numpy scalars -> Python, NaN -> None."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+def write_json(path: Path, payload: Any) -> Path:
+    """Atomically write `payload` (made plain) as indented JSON."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(plain(payload), indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def _write_parquet(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    df.reset_index(drop=True).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def save_trace(trace: Trace, folder: str | Path) -> dict[str, Path]:
+    """Write the Trace's tables as Parquet and its meta as JSON under `folder`; returns the paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in TABLES:
+        paths[name] = folder / f"{name}.parquet"
+        _write_parquet(getattr(trace, name), paths[name])
+    paths["meta"] = write_json(folder / "meta.json", trace.meta)
+    return paths
+
+
+def load_saved_trace(folder: str | Path) -> Trace:
+    """Read a folder written by `save_trace`; TraceError (one line) when it is incomplete."""
+    folder = Path(folder)
+    try:
+        tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"saved trace {folder}: {type(exc).__name__}: {exc}") from None
+    for name, columns in TABLES.items():
+        dtypes = {k: (v[0] if isinstance(v, tuple) else v) for k, v in columns.items()}
+        missing = [c for c in dtypes if c not in tables[name].columns]
+        if missing:
+            raise TraceError(f"saved trace {folder}: {name}.parquet lacks {', '.join(missing)}")
+        tables[name] = tables[name][list(dtypes)].astype(dtypes)
+    return Trace(tables["events"], meta, tables["memory"], tables["counters"])

@@ -1,0 +1,169 @@
+"""Distributed capture: profile a DistributedDataParallel training run, one trace per rank.
+
+`capture_ddp(spec, plan, out_dir, nproc)` spawns `nproc` workers (torch.multiprocessing, spawn
+start method) on one machine: gloo on CPU, NCCL on CUDA (rank r on cuda:r). Each worker resolves
+the spec itself (the same local path or zoo name), wraps the model in DDP, and runs the normal
+capture (runner.capture), writing `kineto_rank{r}.pt.trace.json` and `op_costs_rank{r}.parquet`
+into `out_dir`. The parent loads every rank's JSON together (`load_trace([...])`: one Trace with
+a `rank` column, one clock origin) and joins each rank's op costs to its rows.
+
+torchrun recipe (same files, your launcher): run a script that calls
+`profiler.capture.ddp.capture_this_rank(spec, plan, out_dir)` under
+`torchrun --nproc-per-node N script.py`; it reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
+environment that torchrun sets, and then `load_ddp_trace(out_dir)` merges the ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import queue
+import socket
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import pandas as pd
+import torch
+
+from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn
+from profiler.errors import FusionLensError
+
+INIT_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
+                      batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
+                      progress: Optional[ProgressFn] = None) -> CaptureResult:
+    """Inside an initialised (or torchrun-configured) process group: capture this rank under DDP."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from profiler.capture.runner import capture
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if plan.is_cuda else "gloo",
+                                timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    rank = dist.get_rank()
+    if plan.is_cuda:
+        torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
+        plan = dataclasses.replace(plan, device=f"cuda:{torch.cuda.current_device()}")
+
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        ids = [torch.cuda.current_device()] if plan.is_cuda else None
+        return DDP(model, device_ids=ids)
+
+    return capture(spec, plan, out_dir, size=size, batch=batch, overrides=overrides,
+                   progress=progress, wrap_model=wrap)
+
+
+def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_dir: str,
+            size: str, batch: Optional[int], overrides: Optional[dict], messages: Any) -> None:
+    """Spawned entry point: set up the process group, capture, report errors as one line."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+    def progress(done: int, total: int, msg: str) -> None:
+        if rank == 0:
+            messages.put(("progress", done, total, msg))
+
+    try:
+        dist.init_process_group("nccl" if plan.is_cuda else "gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+        capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress)
+    except FusionLensError as exc:
+        messages.put(("error", rank, str(exc)))
+        raise SystemExit(2)
+    except Exception as exc:  # any worker failure goes back to the parent as one line
+        messages.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(2)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] = None):
+    """Load every rank's Kineto JSON in `out_dir` as one Trace and join each rank's op costs."""
+    from profiler.capture.join import join_costs
+    from profiler.capture.kineto import _load_trace
+    from profiler.trace.model import Trace
+
+    out_dir = Path(out_dir)
+    paths = sorted(out_dir.glob("kineto_rank*.pt.trace.json"), key=lambda p: int(p.name[11:].split(".")[0]))
+    if not paths:
+        raise CaptureError(f"no per-rank traces (kineto_rank*.pt.trace.json) in {out_dir}")
+    trace = _load_trace()([str(p) for p in paths])
+    parts, joins = [], {}
+    for rank, events in trace.events.groupby("rank", observed=True, sort=True):
+        costs_path = out_dir / f"op_costs_rank{rank}.parquet"
+        if costs_path.is_file():
+            events, stats = join_costs(events, pd.read_parquet(costs_path))
+            joins[int(rank)] = stats.as_dict()
+        parts.append(events)
+    events = pd.concat(parts, ignore_index=True).astype(trace.events.dtypes.to_dict())
+    meta = dict(trace.meta)
+    meta["capture"] = {**dict(meta_extra or {}), "join_per_rank": joins}
+    return Trace(events, meta, trace.memory, trace.counters)
+
+
+def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *, size: str = "small",
+                batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
+                progress: Optional[ProgressFn] = None) -> CaptureResult:
+    """Spawn `nproc` DDP workers, capture one trace per rank, return the merged multi-rank Trace."""
+    import torch.multiprocessing as mp
+
+    if nproc < 2:
+        raise CaptureError("--nproc must be >= 2 for a distributed capture")
+    if plan.mode != "train":
+        raise CaptureError("a distributed (DDP) capture profiles training: use --mode train")
+    if plan.is_cuda and torch.cuda.device_count() < nproc:
+        raise CaptureError(f"--nproc {nproc} needs {nproc} GPUs, found {torch.cuda.device_count()}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("kineto_rank*.pt.trace.json"):
+        old.unlink()
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    t0 = time.perf_counter()
+    procs = mp.start_processes(_worker, args=(nproc, _free_port(), spec, plan, str(out_dir), size, batch,
+                                              dict(overrides or {}), messages),
+                               nprocs=nproc, join=False, start_method="spawn")
+    errors: dict[int, str] = {}
+
+    def drain() -> None:
+        while True:
+            try:
+                msg = messages.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "progress" and progress:
+                progress(*msg[1:])
+            elif msg[0] == "error":
+                errors.setdefault(msg[1], msg[2])
+
+    try:
+        while not procs.join(timeout=0.2):
+            drain()
+    except Exception as exc:  # a worker exited non-zero: its own message says why
+        time.sleep(0.2)
+        drain()
+        if not errors:
+            errors[-1] = " ".join(str(exc).split())[:300]
+    drain()
+    if errors:
+        rank, msg = min(errors.items())
+        raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
+    run_s = time.perf_counter() - t0
+    trace = load_ddp_trace(out_dir, {"spec": spec, "plan": dataclasses.asdict(plan), "nproc": nproc,
+                                     "backend": "nccl" if plan.is_cuda else "gloo"})
+    off = {"nvml": "device is cpu (NVML samples NVIDIA GPUs only)"} if not plan.is_cuda else {}
+    return CaptureResult(trace, out_dir / "kineto_rank0.pt.trace.json", off,
+                         {"run_s": run_s, "total_s": time.perf_counter() - t0})

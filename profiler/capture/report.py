@@ -1,0 +1,105 @@
+"""What `python -m profiler capture` writes next to the Kineto JSON: Parquet trace, roofline, summary.
+
+Pure of printing: `write_outputs(result, out_dir, ...)` returns the paths and the summary dict;
+the CLI prints them. The roofline table comes from `profiler.analysis.roofline.roofline_table`
+against the machine's ceilings (measured and cached, or the device table); when it cannot be
+made, `roofline_missing.txt` says why. All bytes are algorithmic lower bounds.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+from profiler.capture.artifacts import plain, save_trace, write_json
+from profiler.capture.backends import CapturePlan, CaptureResult
+
+ROOF_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+CEILING_CHOICES = ("measured", "quick", "table", "none")
+
+
+def default_out_dir(spec: str, root: str | Path = ".fusionlens/captures") -> Path:
+    """`.fusionlens/captures/<spec>-<UTC time>` with the spec made filename-safe."""
+    stamp = pd.Timestamp.now(tz="UTC").strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.")[-60:] or "model"
+    return Path(root) / f"{safe}-{stamp}"
+
+
+def ceilings_for(plan: CapturePlan, choice: str) -> tuple[Optional[Any], Optional[str]]:
+    """(Ceilings, None) or (None, reason) for the roofline, per --ceilings."""
+    if choice == "none":
+        return None, "roofline turned off (--ceilings none)"
+    if choice == "table":
+        return None, None  # roofline() picks the device table from the trace's meta
+    try:
+        from profiler.capture.ceilings import measured_ceilings
+    except ImportError as exc:
+        return None, f"ceiling measurement unavailable ({exc})"
+    try:
+        device = plan.device if plan.is_cuda else "cpu"
+        return measured_ceilings(device, "quick" if choice == "quick" else "full"), None
+    except Exception as exc:  # measuring must not lose the capture: keep the reason
+        return None, f"measuring ceilings failed: {type(exc).__name__}: {exc}"
+
+
+def write_roofline(trace: Any, plan: CapturePlan, choice: str, out_dir: Path) -> tuple[Optional[Path], Optional[str]]:
+    """roofline.csv, or (None, reason) with roofline_missing.txt written."""
+    ceilings, reason = ceilings_for(plan, choice)
+    table = None
+    if reason is None:
+        try:
+            from profiler.analysis import roofline as rl
+        except ImportError as exc:
+            reason = f"roofline analysis unavailable ({exc})"
+        else:
+            if ceilings is None:
+                ceilings, reason = rl.resolve_ceilings(trace, None)
+            if ceilings is not None:
+                table = rl.roofline_table(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
+                if table.empty:
+                    reason = "no op carries FLOPs and bytes (was the FLOPs pass off?)"
+    if table is None or table.empty:
+        (out_dir / "roofline_missing.txt").write_text(f"{reason}\n")
+        return None, reason
+    path = out_dir / "roofline.csv"
+    table.to_csv(path, index=False)
+    return path, None
+
+
+def summarise(result: CaptureResult) -> dict[str, Any]:
+    """Small JSON-ready summary: counts, step time, FLOPs and bytes (lower bound), top ops."""
+    ev = result.trace.events
+    steps = ev[ev["name"].astype(str).str.startswith("ProfilerStep#")]
+    ops = ev[ev["kind"] == "cpu_op"]
+    costed = ops[ops["flops"].notna()]
+    top = (costed.groupby("name", observed=True)
+           .agg(calls=("dur_us", "size"), total_us=("dur_us", "sum"), flops=("flops", "sum"), bytes_moved=("bytes_moved", "sum"))
+           .sort_values("total_us", ascending=False).head(10).reset_index())
+    return {
+        "events": int(len(ev)), "events_by_kind": {str(k): int(v) for k, v in ev["kind"].value_counts().items() if v},
+        "ranks": list(result.trace.ranks), "profiled_steps": int(steps["name"].nunique()),
+        "step_time_us_median": float(steps["dur_us"].median()) if len(steps) else None,
+        "flops_total": float(costed["flops"].sum()),
+        "bytes_moved_total": float(costed["bytes_moved"].sum()),
+        "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs of each op, views excluded)",
+        "top_ops_by_time": plain(top.to_dict(orient="records")),
+    }
+
+
+def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceilings: str = "measured",
+                  extra: Optional[dict] = None) -> dict[str, Any]:
+    """Write trace/ (Parquet + meta.json), roofline.csv (or why not) and summary.json."""
+    out_dir = Path(out_dir)
+    files = {f"trace_{k}": str(p) for k, p in save_trace(result.trace, out_dir / "trace").items()}
+    files["kineto_json"] = sorted(str(p) for p in out_dir.glob("kineto_rank*.pt.trace.json"))
+    roof, roof_reason = write_roofline(result.trace, plan, ceilings, out_dir)
+    files["roofline"] = str(roof) if roof else str(out_dir / "roofline_missing.txt")
+    summary = {**(extra or {}), "plan": plain(plan.__dict__), "files": files,
+               "sources_off": dict(result.sources_off), "roofline_missing": roof_reason,
+               "timings_s": dict(result.timings), "capture": plain(result.trace.meta.get("capture", {})),
+               **summarise(result)}
+    summary_path = write_json(out_dir / "summary.json", summary)
+    summary["files"]["summary"] = str(summary_path)
+    return summary

@@ -1,0 +1,115 @@
+"""`python -m profiler capture SPEC ...`: profile a model and write the trace, roofline and summary.
+
+SPEC is a zoo name (gpt2, gpt2-naive, llama, bert, vit, cnn, mlp), `hf:NAME`, `file.py:build` or
+`package.module:build`. Writes into --out: the Kineto JSON (Perfetto-openable), the Trace as
+Parquet (trace/), roofline.csv (or roofline_missing.txt saying why) and summary.json. Progress goes
+to stderr; bad input is one line and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from profiler.cli import register_command
+from profiler.errors import FusionLensError
+
+
+class UsageError(FusionLensError):
+    """A command-line value that cannot be used."""
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="zoo name, hf:NAME, path/to/file.py:build or package.module:build")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
+    p.add_argument("--mode", default="train", choices=["train", "infer"])
+    p.add_argument("--steps", type=int, default=3, help="profiled (active) steps (default 3)")
+    p.add_argument("--wait", type=int, default=1, help="unprofiled steps first (default 1)")
+    p.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps, discarded (default 1)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default .fusionlens/captures/SPEC-TIME)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks for a DDP run (gloo on CPU, NCCL on GPU)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (zoo, hf, or a build(batch=...) spec)")
+    p.add_argument("--size", default="small", help="zoo/hf preset: tiny or small (default small)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="zoo/hf setting, e.g. --set layers=4 --set dim=256 (repeatable)")
+    p.add_argument("--backend", default="kineto", help="capture backend: kineto (default) or cupti (GPU)")
+    p.add_argument("--memory", action="store_true", help="record memory events (heavier)")
+    p.add_argument("--stack", action="store_true", help="record Python stacks (heavier)")
+    p.add_argument("--no-shapes", action="store_true", help="do not record input shapes")
+    p.add_argument("--no-flops", action="store_true", help="skip the FLOPs/bytes pass")
+    p.add_argument("--no-nvml", action="store_true", help="do not sample NVML counters (GPU)")
+    p.add_argument("--ceilings", default="measured", choices=["measured", "quick", "table", "none"],
+                   help="roofline ceilings: measured (cached per machine), quick, table (device table) or none")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """--set KEY=VALUE items -> {key: int | float | str}."""
+    out = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = _value(val.strip())
+    return out
+
+
+def _progress(quiet: bool):
+    def show(done: int, total: int, msg: str) -> None:
+        if not quiet:
+            print(f"[{done}/{total}] {msg}", file=sys.stderr, flush=True)
+
+    return show
+
+
+@register_command("capture", "Profile a model spec (zoo, hf:NAME, file.py:build) and write trace, roofline, summary",
+                  _add_arguments)
+def run(args: argparse.Namespace) -> int:
+    from profiler.capture.backends import CaptureError, CapturePlan
+    from profiler.capture.report import default_out_dir, write_outputs
+
+    if args.nproc < 1:
+        raise UsageError("--nproc must be >= 1")
+    try:
+        plan = CapturePlan(device=args.device, dtype=args.dtype, mode=args.mode, wait=args.wait,
+                           warmup=args.warmup, active=args.steps, record_shapes=not args.no_shapes,
+                           profile_memory=args.memory, with_stack=args.stack, nvml=not args.no_nvml,
+                           flops=not args.no_flops, backend=args.backend)
+    except CaptureError as exc:
+        raise UsageError(str(exc)) from None
+    overrides = parse_settings(args.set)
+    out = args.out or default_out_dir(args.spec)
+    show = _progress(args.quiet)
+    if args.nproc > 1:
+        from profiler.capture.ddp import capture_ddp
+
+        result = capture_ddp(args.spec, plan, out, args.nproc, size=args.size, batch=args.batch,
+                             overrides=overrides, progress=show)
+    else:
+        from profiler.capture.runner import capture
+
+        result = capture(args.spec, plan, out, size=args.size, batch=args.batch, overrides=overrides, progress=show)
+    show(plan.steps, plan.steps, "writing trace (Parquet), roofline and summary")
+    summary = write_outputs(result, plan, Path(out), args.ceilings, {"spec": args.spec, "nproc": args.nproc})
+    print(f"captured {args.spec}: {summary['events']} events, ranks {summary['ranks']}, "
+          f"median step {summary['step_time_us_median'] or float('nan'):.0f} us, "
+          f"{summary['flops_total'] / 1e9:.3f} GFLOP, {summary['bytes_moved_total'] / 1e6:.1f} MB moved "
+          "(algorithmic lower bound)")
+    for name, reason in sorted(summary["sources_off"].items()):
+        print(f"  source off: {name}: {reason}")
+    if summary["roofline_missing"]:
+        print(f"  roofline missing: {summary['roofline_missing']}")
+    print(f"  wrote {out}/ (kineto_rank*.pt.trace.json, trace/, "
+          f"{'roofline.csv' if not summary['roofline_missing'] else 'roofline_missing.txt'}, summary.json)")
+    return 0
