@@ -29,6 +29,7 @@ from profiler.analysis.registry import register_analysis
 from profiler.capture.devices import Ceilings, ceilings_from_meta
 from profiler.errors import FusionLensError
 
+MODULE_PREFIX = "nn.Module: "
 INTENSITY_NOTE = ("algorithmic intensity: bytes are inputs + outputs of each op (a lower bound), "
                   "not measured DRAM traffic")
 # Kineto 'Input type' spellings -> roofline dtype. The first floating input decides.
@@ -37,8 +38,8 @@ TYPE_TO_DTYPE: Mapping[str, str] = MappingProxyType({
     "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
     "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
 })
-POINT_COLUMNS = ("rank", "kind", "name", "module", "dtype", "ts_us", "dur_us", "flops", "bytes_moved",
-                 "intensity_flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s",
+POINT_COLUMNS = ("event_index", "rank", "kind", "name", "module", "dtype", "ts_us", "dur_us", "flops", "bytes_moved",
+                 "algorithmic_intensity_flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s",
                  "peak_flops_per_s", "mem_bw_bytes_per_s", "ridge_flop_per_byte", "bound",
                  "time_at_roof_us", "pct_of_roof", "headroom_us", "external_id")
 
@@ -87,11 +88,39 @@ def _row_dtypes(events: pd.DataFrame, default_dtype: str) -> pd.Series:
     return own.where(own.notna(), via_op).fillna(default_dtype).astype(str)
 
 
+def _modules(events: pd.DataFrame) -> pd.Series:
+    """Module per row: a `module` column if the producer wrote one; else, when the trace has
+    `nn.Module: X` python_function scopes (with_stack captures), the innermost one containing each
+    cpu_op on its thread, and for GPU rows the module of the cpu_op with their External id."""
+    if "module" in events:
+        return events["module"].astype(object)
+    out = pd.Series(None, index=events.index, dtype=object)
+    names = events["name"].astype(str)
+    mods = events[(events["kind"] == "python_function") & names.str.startswith(MODULE_PREFIX)]
+    if mods.empty:
+        return out
+    from profiler.analysis import nesting
+
+    ops = events[events["kind"] == "cpu_op"]
+    keys = pd.MultiIndex.from_frame(pd.concat([mods, ops])[["rank", "pid", "tid"]].astype("float64"))
+    codes = pd.factorize(keys)[0]
+    nest = nesting.build_nest(codes[:len(mods)], mods["ts_us"].to_numpy(float),
+                              (mods["ts_us"] + mods["dur_us"]).to_numpy(float))
+    pos = nesting.innermost(nest, codes[len(mods):], ops["ts_us"].to_numpy(float))
+    label = names[mods.index].str.removeprefix(MODULE_PREFIX).to_numpy(object)[nest.order]
+    out[ops.index] = np.where(pos >= 0, label[np.maximum(pos, 0)], None)
+    by_ext = dict(zip(zip(ops["rank"], ops["external_id"]), out[ops.index]))
+    gpu = events[events["kind"].isin(("kernel", "gpu_memcpy", "gpu_memset")) & events["external_id"].notna()]
+    out[gpu.index] = [by_ext.get(k) for k in zip(gpu["rank"], gpu["external_id"])]
+    return out
+
+
 def roofline_points(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
                     kinds: tuple[str, ...] = ("cpu_op", "kernel")) -> tuple[pd.DataFrame, dict[str, int]]:
     """Per-row roofline numbers for rows of `kinds` with known work; returns (points, excluded counts)."""
-    if ceilings.peak_for(default_dtype) is None:
-        raise RooflineError(f"ceilings ({ceilings.source}) have no peak for default dtype {default_dtype!r}; "
+    fallback = default_dtype if ceilings.peak_for(default_dtype) is not None else "fp32"
+    if ceilings.peak_for(fallback) is None:
+        raise RooflineError(f"ceilings ({ceilings.source}) have no peak for {default_dtype!r} nor fp32; "
                             f"known: {', '.join(ceilings.peak_flops_per_s)}")
     ev = trace.events
     ev = ev[ev["kind"].isin(kinds)]
@@ -107,10 +136,10 @@ def roofline_points(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
     dtype = _row_dtypes(ev, default_dtype) if len(ev) else pd.Series([], dtype=str)
     peak_of = {d: ceilings.peak_for(d) for d in set(dtype)}
     missing = sorted(d for d, p in peak_of.items() if p is None)
-    if missing:  # a dtype the ceilings lack falls back to the default dtype's roof, counted
-        excluded["dtype_without_peak_used_default"] = int(dtype.isin(missing).sum())
-        dtype = dtype.where(~dtype.isin(missing), default_dtype)
-        peak_of[default_dtype] = ceilings.peak_for(default_dtype)
+    if missing:  # a dtype the ceilings lack is put under the fallback dtype's roof, counted
+        excluded[f"no_peak_for_{'_'.join(missing)}_used_{fallback}"] = int(dtype.isin(missing).sum())
+        dtype = dtype.where(~dtype.isin(missing), fallback)
+        peak_of[fallback] = ceilings.peak_for(fallback)
     flops = ev["flops"].to_numpy(float)
     nbytes = ev["bytes_moved"].to_numpy(float)
     dur_s = ev["dur_us"].to_numpy(float) / 1e6
@@ -121,11 +150,11 @@ def roofline_points(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
     ridge = peak / bw
     time_at_roof_s = np.maximum(flops / peak, nbytes / bw)
     points = pd.DataFrame({
-        "rank": ev["rank"].to_numpy(), "kind": ev["kind"].astype(str).to_numpy(),
+        "event_index": ev.index.to_numpy(), "rank": ev["rank"].to_numpy(), "kind": ev["kind"].astype(str).to_numpy(),
         "name": ev["name"].astype(str).to_numpy(),
-        "module": ev["module"].astype(object).to_numpy() if "module" in ev else None,
+        "module": _modules(trace.events).reindex(ev.index).to_numpy(),
         "dtype": dtype.to_numpy(), "ts_us": ev["ts_us"].to_numpy(float), "dur_us": ev["dur_us"].to_numpy(float),
-        "flops": flops, "bytes_moved": nbytes, "intensity_flop_per_byte": intensity,
+        "flops": flops, "bytes_moved": nbytes, "algorithmic_intensity_flop_per_byte": intensity,
         "achieved_flops_per_s": flops / dur_s, "achieved_bytes_per_s": nbytes / dur_s,
         "peak_flops_per_s": peak, "mem_bw_bytes_per_s": bw, "ridge_flop_per_byte": ridge,
         "bound": np.where(intensity < ridge, "memory", "compute"),
@@ -142,7 +171,7 @@ def aggregate(points: pd.DataFrame, by: tuple[str, ...] = ("kind", "name", "dtyp
     """
     cols = ["count", "dur_us", "flops", "bytes_moved", "time_at_roof_us", "headroom_us", "peak_flops_per_s"]
     if points.empty:
-        return pd.DataFrame(columns=[*by, *cols, "intensity_flop_per_byte", "achieved_flops_per_s",
+        return pd.DataFrame(columns=[*by, *cols, "algorithmic_intensity_flop_per_byte", "achieved_flops_per_s",
                                      "achieved_bytes_per_s", "bound", "pct_of_roof"])
     g = points.groupby(list(by), observed=True, dropna=False, sort=False)
     out = g.agg(count=("dur_us", "size"), dur_us=("dur_us", "sum"), flops=("flops", "sum"),
@@ -150,12 +179,12 @@ def aggregate(points: pd.DataFrame, by: tuple[str, ...] = ("kind", "name", "dtyp
                 headroom_us=("headroom_us", "sum"), peak_flops_per_s=("peak_flops_per_s", "max"),
                 mem_bw_bytes_per_s=("mem_bw_bytes_per_s", "first")).reset_index()
     with np.errstate(divide="ignore", invalid="ignore"):
-        out["intensity_flop_per_byte"] = np.where(out["bytes_moved"] > 0, out["flops"] / out["bytes_moved"], np.inf)
+        out["algorithmic_intensity_flop_per_byte"] = np.where(out["bytes_moved"] > 0, out["flops"] / out["bytes_moved"], np.inf)
     dur_s = out["dur_us"] / 1e6
     out["achieved_flops_per_s"] = out["flops"] / dur_s
     out["achieved_bytes_per_s"] = out["bytes_moved"] / dur_s
     ridge = out["peak_flops_per_s"] / out.pop("mem_bw_bytes_per_s")
-    out["bound"] = np.where(out["intensity_flop_per_byte"] < ridge, "memory", "compute")
+    out["bound"] = np.where(out["algorithmic_intensity_flop_per_byte"] < ridge, "memory", "compute")
     out["pct_of_roof"] = 100.0 * out["time_at_roof_us"] / out["dur_us"]
     return out.sort_values("headroom_us", ascending=False, kind="stable").reset_index(drop=True)
 

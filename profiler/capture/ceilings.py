@@ -43,7 +43,7 @@ class Sizes:
 
 CPU_MODES = {
     # quick: tests (~1-3 s here); full: under ~30 s on 2 busy cores.
-    "quick": Sizes({"fp32": 384, "fp64": 256}, bw_bytes=40 * MIB, repeats=3, thread_counts="current"),
+    "quick": Sizes({"fp32": 384, "fp64": 256, "bf16": 256}, bw_bytes=40 * MIB, repeats=3, thread_counts="current"),
     "full": Sizes({"fp32": 1536, "fp64": 1024, "bf16": 512}, bw_bytes=128 * MIB, repeats=5, thread_counts="all"),
 }
 GPU_MODES = {

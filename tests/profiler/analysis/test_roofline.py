@@ -25,9 +25,9 @@ def make_trace(rows: list[dict], meta: dict | None = None) -> Trace:
     return Trace(events, meta or {"sources": ("synthetic",), "device_properties": ()})
 
 
-def op(name, flops, nbytes, dur_us, kind="cpu_op", ext=None, types=None, ts=0.0):
+def op(name, flops, nbytes, dur_us, kind="cpu_op", ext=None, types=None, ts=0.0, tid=1):
     return {"rank": 0, "kind": kind, "name": name, "ts_us": ts, "dur_us": dur_us, "flops": flops,
-            "bytes_moved": nbytes, "external_id": ext, "input_types": types}
+            "bytes_moved": nbytes, "external_id": ext, "input_types": types, "pid": 1, "tid": tid}
 
 
 def test_known_answers_per_op():
@@ -42,7 +42,7 @@ def test_known_answers_per_op():
     pts, excluded = roofline_points(trace, CEIL)
     assert excluded == {"no_flops_or_bytes": 0, "no_work": 0, "zero_duration": 0}
     add, mm32, mm16 = (pts.iloc[i] for i in range(3))
-    assert add["intensity_flop_per_byte"] == 1.0 and add["bound"] == "memory"
+    assert add["algorithmic_intensity_flop_per_byte"] == 1.0 and add["bound"] == "memory"
     assert math.isclose(add["time_at_roof_us"], 10.0) and math.isclose(add["pct_of_roof"], 50.0)
     assert math.isclose(add["headroom_us"], 10.0)
     assert math.isclose(add["achieved_bytes_per_s"], 1e6 / 20e-6) and math.isclose(add["achieved_flops_per_s"], 5e10)
@@ -67,7 +67,7 @@ def test_ridge_boundary_and_edge_cases():
     by = pts.set_index("name")
     assert by.loc["at_ridge", "bound"] == "compute"
     assert by.loc["copy", "bound"] == "memory" and math.isclose(by.loc["copy", "time_at_roof_us"], 40.0)
-    assert math.isinf(by.loc["pure_math", "intensity_flop_per_byte"]) and by.loc["pure_math", "bound"] == "compute"
+    assert math.isinf(by.loc["pure_math", "algorithmic_intensity_flop_per_byte"]) and by.loc["pure_math", "bound"] == "compute"
     assert math.isclose(by.loc["pure_math", "pct_of_roof"], 50.0)
 
 
@@ -83,7 +83,7 @@ def test_kernel_takes_dtype_of_its_op_and_aggregates_per_op_type():
     table = roofline_table(trace, CEIL).set_index(["kind", "name"])
     add = table.loc[("cpu_op", "aten::add")]
     # sums: flops 4e6, bytes 4e6, dur 60 us; roof time 10 + 30 = 40 us
-    assert add["count"] == 2 and add["intensity_flop_per_byte"] == 1.0 and add["bound"] == "memory"
+    assert add["count"] == 2 and add["algorithmic_intensity_flop_per_byte"] == 1.0 and add["bound"] == "memory"
     assert math.isclose(add["time_at_roof_us"], 40.0) and math.isclose(add["pct_of_roof"], 100 * 40 / 60)
     assert math.isclose(add["headroom_us"], 20.0)
     assert list(roofline_table(trace, CEIL)["headroom_us"]) == sorted(roofline_table(trace, CEIL)["headroom_us"], reverse=True)
@@ -114,7 +114,27 @@ def test_per_module_aggregation_when_attributed():
     assert row["count"] == 2 and math.isclose(row["time_at_roof_us"], 1000.0 + 10.0)
 
 
-def test_default_dtype_must_have_a_peak():
+def test_dtype_without_a_peak_falls_back_to_fp32_and_is_counted():
+    trace = make_trace([op("x", 1e6, 1e6, 20.0), op("y", 1e6, 1e6, 20.0, types='["double"]')])
+    pts, excluded = roofline_points(trace, CEIL, default_dtype="fp64")  # CEIL has fp32 and bf16 only
+    assert excluded["no_peak_for_fp64_used_fp32"] == 2 and set(pts["dtype"]) == {"fp32"}
     with pytest.raises(RooflineError):
-        roofline_points(make_trace([op("x", 1.0, 1.0, 1.0)]), CEIL, default_dtype="fp64")
+        roofline_points(trace, Ceilings({"bf16": 1e12}, 1e11, "measured"), default_dtype="fp64")
     assert lookup_device("NVIDIA L4").spec.ceilings().peak_for("fp64") is None
+
+
+def test_modules_from_nn_module_scopes_by_containment_and_external_id():
+    nan = float("nan")
+    trace = make_trace([
+        op("nn.Module: Block", nan, nan, 100.0, kind="python_function", ts=0.0),
+        op("nn.Module: Linear", nan, nan, 40.0, kind="python_function", ts=10.0),
+        op("aten::mm", 1e9, 1e6, 30.0, ts=15.0, ext=3),  # inside Linear inside Block -> Linear
+        op("aten::add", 1e6, 1e6, 10.0, ts=60.0),  # inside Block only
+        op("aten::relu", 1e6, 1e6, 10.0, ts=60.0, tid=2),  # other thread: no module
+        op("gemm", 1e9, 1e6, 25.0, kind="kernel", ts=20.0, ext=3, tid=7),  # via External id -> Linear
+    ])
+    res = roofline(trace, ceilings=CEIL)
+    assert {n: (None if pd.isna(m) else m) for n, m in zip(res.points["name"], res.points["module"])} == {
+        "aten::mm": "Linear", "aten::add": "Block", "aten::relu": None, "gemm": "Linear"}
+    linear = res.by_module.set_index("module").loc["Linear"]
+    assert linear["count"] == 2 and math.isclose(linear["dur_us"], 55.0)
