@@ -1,0 +1,111 @@
+"""Shared machinery of the multi-tensor optimizers (AdamW, LAMB): buckets, state, providers.
+
+A step gathers, per param group, every parameter with a gradient into buckets keyed by
+(device, dtype); each bucket is stepped by one provider call that takes lists of tensors (the
+C++ op walks all of them in one parallel loop; the Triton kernels use one launch over a chunk
+table). Provider choice goes through the kernel registry with the bucket's first parameter as
+the representative tensor, so `provider=` overrides and unavailable providers keep their reason.
+
+Parameters whose memory is not dense (views with holes) cannot be walked as flat arrays: they go
+to the per-parameter `reference` provider. Gradients whose strides differ from their
+parameter's (e.g. a transposed grad) are copied into the parameter's layout first.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels.registry import KernelSpec, select_provider
+
+
+class OptimizerError(ValueError):
+    """Bad optimizer arguments or an unsupported parameter (one-line message)."""
+
+
+@dataclass
+class Bucket:
+    """Parallel lists of one (device, dtype) bucket of a param group."""
+
+    params: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    states: list[dict] = field(default_factory=list)
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """True if t's elements fill its memory span exactly (any dim order), so it is a flat array."""
+    if t.is_contiguous():
+        return True
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def check_param(p: torch.Tensor, name: str) -> None:
+    if p.grad is not None and p.grad.is_sparse:
+        raise OptimizerError(f"{name} does not support sparse gradients")
+    if torch.is_complex(p):
+        raise OptimizerError(f"{name} does not support complex parameters")
+
+
+def grad_like_param(p: torch.Tensor, maximize: bool = False) -> torch.Tensor:
+    """p.grad in p's exact layout (copied only when the strides differ)."""
+    g = p.grad
+    if g.stride() != p.stride() or g.dtype != p.dtype:
+        g = torch.empty_like(p).copy_(g)
+    return g
+
+
+def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucket]:
+    """Buckets {(device, dtype, dense): Bucket} of the group's params with grads (state inited)."""
+    buckets: dict[tuple, Bucket] = defaultdict(Bucket)
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        check_param(p, name)
+        st = state[p]
+        if len(st) == 0:
+            init_state(p, st)
+        b = buckets[(p.device, p.dtype, is_dense(p))]
+        b.params.append(p)
+        b.grads.append(grad_like_param(p))
+        b.states.append(st)
+    return buckets
+
+
+def zeros_state(p: torch.Tensor) -> torch.Tensor:
+    """A state tensor in p's layout (preserve_format keeps a dense permuted layout)."""
+    return torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def choose(spec: KernelSpec, representative: torch.Tensor, dense: bool, provider: str | None,
+           cache: dict) -> str:
+    """The provider for a bucket (cached per device/dtype/provider request)."""
+    if not dense:
+        return "reference"
+    key = (representative.device.type, representative.dtype, provider)
+    if key not in cache:
+        cache[key] = select_provider(spec, (representative,), {}, provider)[0]
+    return cache[key]
+
+
+def run_provider(spec: KernelSpec, chosen: str, *args, **kwargs) -> None:
+    fn = spec.reference if chosen == "reference" else spec.providers[chosen]
+    fn(*args, **kwargs)
+
+
+def check_hparams(lr, betas, eps, weight_decay, name: str) -> None:
+    lr_v = float(lr)
+    if not 0.0 <= lr_v:
+        raise OptimizerError(f"{name}: invalid learning rate {lr}")
+    if not 0.0 <= eps:
+        raise OptimizerError(f"{name}: invalid epsilon {eps}")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise OptimizerError(f"{name}: invalid betas {betas} (each in [0, 1))")
+    if not 0.0 <= weight_decay:
+        raise OptimizerError(f"{name}: invalid weight_decay {weight_decay}")

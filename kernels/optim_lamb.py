@@ -1,0 +1,167 @@
+"""Multi-tensor LAMB with apex FusedLAMB's semantics, all params of a dtype/device per call.
+
+Per step (apex's defaults: eps=1e-6, weight_decay=0.01, max_grad_norm=1.0, adam_w_mode,
+grad_averaging, bias_correction, use_nvlamb=False):
+1. global grad-norm clipping over every parameter of every group: g /= max(1, ||g|| / max_grad_norm)
+   (off when max_grad_norm is None or 0);
+2. m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 (L2 mode adds wd * p to g first);
+3. update u = (m / bc1) / (sqrt(v / bc2) + eps) + wd * p (decoupled weight decay);
+4. trust ratio r = ||p|| / ||u|| per tensor, 1 when either norm is 0, and 1 when the group's
+   weight_decay is 0 unless use_nvlamb (apex applies the ratio only to decayed params);
+5. p -= lr * r * u.
+State keys: `step` (float32 scalar tensor), `exp_avg`, `exp_avg_sq`. amsgrad is refused.
+
+Providers of the `lamb_step` kernel: `cpu` (kernels/csrc/optim.cpp: two passes, the second
+recomputes u instead of storing it), `triton` (kernels/triton_optim.py), and the per-parameter
+`reference` written with eager ops.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import optim_common as oc
+from kernels.registry import Cost, KernelSpec, Supports, register_kernel
+
+
+def _reference(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
+               weight_decay, grad_divisor, bias_correction, adam_w_mode, grad_averaging,
+               use_nvlamb):
+    """The LAMB step one parameter at a time with eager ops (math in fp32, or fp64 for fp64)."""
+    b3 = 1 - beta1 if grad_averaging else 1.0
+    for i, p in enumerate(params):
+        steps[i] += 1
+        step = float(steps[i])
+        acc = torch.float64 if p.dtype == torch.float64 else torch.float32
+        pf, g = p.to(acc), grads[i].to(acc) / grad_divisor
+        if not adam_w_mode:
+            g = g + weight_decay * pf
+        m = exp_avgs[i].to(acc).mul_(beta1).add_(g, alpha=b3)
+        v = exp_avg_sqs[i].to(acc).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        exp_avgs[i].copy_(m)
+        exp_avg_sqs[i].copy_(v)
+        bc1 = 1 - beta1 ** step if bias_correction else 1.0
+        bc2 = 1 - beta2 ** step if bias_correction else 1.0
+        u = (exp_avgs[i].to(acc) / bc1) / ((exp_avg_sqs[i].to(acc) / bc2).sqrt() + eps)
+        if adam_w_mode:
+            u = u + weight_decay * pf
+        pn, un = float(pf.norm()), float(u.norm())
+        trust = (use_nvlamb or weight_decay != 0) and pn > 0 and un > 0
+        p.copy_(pf - lr * (pn / un if trust else 1.0) * u)
+
+
+def _cpu(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
+         grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb):
+    from kernels._build import load_cpu_ops
+
+    load_cpu_ops()
+    torch.ops.fusionlens.lamb_step_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2,
+                                    eps, weight_decay, grad_divisor, bias_correction, adam_w_mode,
+                                    grad_averaging, use_nvlamb)
+
+
+def _triton(params, grads, exp_avgs, exp_avg_sqs, steps, **hp):
+    from kernels import triton_optim
+
+    triton_optim.lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, **hp)
+
+
+def _cost(p: torch.Tensor, *args, **kwargs) -> Cost:
+    """Two passes: (g, p, m, v read; m, v written) + (m, v, p read; p written) = 10 streams."""
+    n, es = p.numel(), p.element_size()
+    return Cost(flops=24.0 * n, bytes_fused=10.0 * n * es, bytes_unfused=30.0 * n * es)
+
+
+SPEC = register_kernel(KernelSpec(
+    name="lamb_step",
+    reference=_reference,
+    providers={"cpu": _cpu, "triton": _triton},
+    supports=Supports(dtypes=(torch.float32, torch.float64, torch.bfloat16, torch.float16)),
+    cost=_cost,
+    description="multi-tensor LAMB step (apex FusedLAMB semantics)",
+    provider_checks={"triton": lambda p, *a, **k: "float64 is not supported by the Triton kernel"
+                     if p.dtype == torch.float64 else None},
+))
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> float:
+    """sqrt(sum of squares) over all grads (fp64 on CPU; torch._foreach_norm elsewhere)."""
+    if not grads:
+        return 0.0
+    total = 0.0
+    cpu = [g for g in grads if g.device.type == "cpu" and oc.is_dense(g)]
+    if cpu:
+        try:
+            from kernels._build import load_cpu_ops
+
+            load_cpu_ops()
+            total += float(torch.ops.fusionlens.multi_sumsq(cpu).sum())
+        except Exception:  # no compiler: the eager norm below is exact enough
+            total += sum(float(g.double().square().sum()) for g in cpu)
+    rest = [g for g in grads if not (g.device.type == "cpu" and oc.is_dense(g))]
+    if rest:
+        norms = torch._foreach_norm([g.float() if g.dtype != torch.float64 else g for g in rest])
+        total += float(torch.stack([n.double().cpu() for n in norms]).square().sum())
+    return math.sqrt(total)
+
+
+class LAMB(torch.optim.Optimizer):
+    """LAMB (apex FusedLAMB semantics, see the module docstring), multi-tensor.
+
+    Args: lr, betas, eps, weight_decay, bias_correction, adam_w_mode, grad_averaging,
+    max_grad_norm (None/0 = no clipping), use_nvlamb, provider (None = best available).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, *, bias_correction: bool = True,
+                 adam_w_mode: bool = True, grad_averaging: bool = True,
+                 max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, amsgrad: bool = False,
+                 provider: str | None = None) -> None:
+        oc.check_hparams(lr, betas, eps, weight_decay, "LAMB")
+        if amsgrad:
+            raise oc.OptimizerError("LAMB: amsgrad is not supported (as in apex FusedLAMB)")
+        if max_grad_norm is not None and max_grad_norm < 0:
+            raise oc.OptimizerError(f"LAMB: invalid max_grad_norm {max_grad_norm}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction, grad_averaging=grad_averaging)
+        super().__init__(params, defaults)
+        self.adam_w_mode, self.use_nvlamb = adam_w_mode, use_nvlamb
+        self.max_grad_norm = max_grad_norm
+        self.provider = provider
+        self._chosen: dict = {}
+
+    @staticmethod
+    def _init_state(p: torch.Tensor, st: dict) -> None:
+        st["step"] = torch.tensor(0.0, dtype=torch.float32)
+        st["exp_avg"] = oc.zeros_state(p)
+        st["exp_avg_sq"] = oc.zeros_state(p)
+
+    def _grad_divisor(self, all_buckets) -> float:
+        if not self.max_grad_norm:
+            return 1.0
+        grads = [g for buckets in all_buckets for b in buckets.values() for g in b.grads]
+        norm = global_grad_norm(grads)
+        return norm / self.max_grad_norm if norm > self.max_grad_norm else 1.0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        all_buckets = [oc.gather(g, self.state, self._init_state, "LAMB") for g in self.param_groups]
+        divisor = self._grad_divisor(all_buckets)
+        for group, buckets in zip(self.param_groups, all_buckets):
+            beta1, beta2 = group["betas"]
+            hp = dict(lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
+                      weight_decay=group["weight_decay"], grad_divisor=divisor,
+                      bias_correction=group["bias_correction"], adam_w_mode=self.adam_w_mode,
+                      grad_averaging=group["grad_averaging"], use_nvlamb=self.use_nvlamb)
+            for (_, _, dense), b in buckets.items():
+                chosen = oc.choose(SPEC, b.params[0], dense, self.provider, self._chosen)
+                oc.run_provider(SPEC, chosen, b.params, b.grads,
+                                [st["exp_avg"] for st in b.states],
+                                [st["exp_avg_sq"] for st in b.states],
+                                [st["step"] for st in b.states], **hp)
+        return loss
