@@ -2,8 +2,9 @@
 
 1. Kineto and the cupti-python tracer capture the same zoo model in SEPARATE subprocesses (CUPTI
    is process-wide) and must agree on kernel count (exactly) and total kernel time (within 5%).
-2. The NVML sampler runs at ~50 Hz (achieved rate per device, 45-55 Hz) while the GPU measures
-3. its ceilings (device-timed matmul per dtype, copy/triad), printed beside the device table.
+2. The NVML sampler runs at ~50 Hz (achieved rate per device within 45-55 Hz) while the GPU
+   measures its ceilings (device-timed matmul per dtype, copy/triad).
+3. The measured ceilings are printed beside the device table's dense datasheet figures.
 
 Writes `capture_check.json` (everything) and `capture_check.csv` (long format, harness columns)
 under --out. Exit 0 when every check passes, 1 when one fails, 2 when there is no CUDA device.
