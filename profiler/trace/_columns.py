@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from profiler.trace._structs import COUNTERS_DECODER, MISSING
+from profiler.trace._structs import COUNTERS_DECODER, EMPTY_ARGS, EMPTY_RAW, MISSING, NAN
 from profiler.trace.schema import KIND_ALIASES, KINDS
 
 KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
@@ -42,32 +42,34 @@ VALIDATION_REASONS = frozenset({R_TS, R_DUR, R_NEG, R_ABSURD, R_NAME, R_FLOW})
 _K = KIND_INDEX
 NCCL_KINDS = (_K["kernel"], _K["cpu_op"], _K["user_annotation"])
 OP_KINDS = (_K["cpu_op"], _K["user_annotation"])
-# (column, Args attribute, kinds that carry it or None for every row)
-INT_ARGS = (
-    ("correlation", "correlation", None), ("device", "device", None), ("stream", "stream", None),
-    ("bytes", "bytes", None),
-    ("registers_per_thread", "registers_per_thread", (_K["kernel"],)),
-    ("shared_memory_bytes", "shared_memory", (_K["kernel"],)),
-    ("in_msg_nelems", "in_msg_nelems", NCCL_KINDS), ("out_msg_nelems", "out_msg_nelems", NCCL_KINDS),
-    ("group_size", "group_size", NCCL_KINDS),
-    ("sequence_number", "sequence_number", OP_KINDS), ("fwd_thread_id", "fwd_thread_id", OP_KINDS),
-    ("python_id", "python_id", (_K["python_function"],)),
-    ("python_parent_id", "python_parent_id", (_K["python_function"],)),
+KERNEL = (_K["kernel"],)
+DEVICE_KINDS = (_K["kernel"], _K["gpu_memcpy"], _K["gpu_memset"], _K["gpu_user_annotation"], _K["cuda_sync"])
+COPY_KINDS = (_K["gpu_memcpy"], _K["gpu_memset"])
+# Args-derived columns: (column, Args attribute, value type, kinds that carry it or None = all rows).
+ARG_COLUMNS = (
+    ("correlation", "correlation", "int", None),
+    ("device", "device", "int", DEVICE_KINDS), ("stream", "stream", "int", DEVICE_KINDS),
+    ("bytes", "bytes", "int", COPY_KINDS), ("memory_bw_gb_s", "memory_bw", "float", COPY_KINDS),
+    ("grid", "grid", "dim3", KERNEL), ("block", "block", "dim3", KERNEL),
+    ("registers_per_thread", "registers_per_thread", "int", KERNEL),
+    ("shared_memory_bytes", "shared_memory", "int", KERNEL),
+    ("blocks_per_sm", "blocks_per_sm", "float", KERNEL), ("warps_per_sm", "warps_per_sm", "float", KERNEL),
+    ("occupancy_pct", "occupancy_pct", "float", KERNEL),
+    ("collective_name", "collective_name", "str", NCCL_KINDS), ("comm_dtype", "dtype", "str", NCCL_KINDS),
+    ("process_group_name", "pg_name", "str", NCCL_KINDS), ("process_group_desc", "pg_desc", "str", NCCL_KINDS),
+    ("in_msg_nelems", "in_msg_nelems", "int", NCCL_KINDS), ("out_msg_nelems", "out_msg_nelems", "int", NCCL_KINDS),
+    ("group_size", "group_size", "int", NCCL_KINDS),
+    ("sequence_number", "sequence_number", "int", OP_KINDS), ("fwd_thread_id", "fwd_thread_id", "int", OP_KINDS),
+    ("input_dims", "input_dims", "json", OP_KINDS), ("input_types", "input_types", "json", OP_KINDS),
+    ("python_id", "python_id", "int", (_K["python_function"],)),
+    ("python_parent_id", "python_parent_id", "int", (_K["python_function"],)),
 )
-FLOAT_ARGS = (
-    ("memory_bw_gb_s", "memory_bw", None),
-    ("blocks_per_sm", "blocks_per_sm", (_K["kernel"],)), ("warps_per_sm", "warps_per_sm", (_K["kernel"],)),
-    ("occupancy_pct", "occupancy_pct", (_K["kernel"],)),
-)
-STR_ARGS = (
-    ("collective_name", "collective_name", NCCL_KINDS), ("comm_dtype", "dtype", NCCL_KINDS),
-    ("process_group_name", "pg_name", NCCL_KINDS), ("process_group_desc", "pg_desc", NCCL_KINDS),
-)
-JSON_ARGS = (("input_dims", "input_dims", OP_KINDS), ("input_types", "input_types", OP_KINDS))
-DIM3_ARGS = (("grid", "grid"), ("block", "block"))
 MEMORY_ARGS = (("device_type", "device_type"), ("device_id", "device_id"), ("bytes", "mem_bytes"),
                ("total_allocated", "total_allocated"), ("total_reserved", "total_reserved"),
                ("addr", "addr"))
+CODED_COLUMNS = frozenset({"name"} | {c for c, _, vt, _ in ARG_COLUMNS if vt in ("str", "json")})
+_DEFAULT = {"int": MISSING, "float": NAN, "str": None, "json": EMPTY_RAW, "dim3": None}
+_SEP = "\x1e"  # never inside a JSON text (raw control characters are invalid JSON)
 
 _PH, _CAT, _NAME, _TS, _DUR = (attrgetter(a) for a in ("ph", "cat", "name", "ts", "dur"))
 _PID, _TID, _ID, _ARGS = (attrgetter(a) for a in ("pid", "tid", "id", "args"))
@@ -84,12 +86,20 @@ class Accumulator:
     counters: list[tuple] = field(default_factory=list)
     process_names: dict[str, str] = field(default_factory=dict)
     thread_names: dict[str, str] = field(default_factory=dict)
-    json_cache: dict[bytes, str] = field(default_factory=dict)
+    json_cache: dict[str, str | None] = field(default_factory=dict)
+    vocab: dict[str, dict[str, int]] = field(default_factory=dict)  # coded column -> text -> code
     id_cache: dict[str, int] = field(default_factory=dict)
     n_rows: int = 0
 
     def add(self, table: dict[str, list], col: str, piece: Any) -> None:
         table.setdefault(col, []).append(piece)
+
+    def encode(self, col: str, values: list) -> np.ndarray:
+        """int32 codes into this file's vocabulary of `col` (-1 for None): hashing in C."""
+        codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+        vocab = self.vocab.setdefault(col, {})
+        lut = np.fromiter((vocab.setdefault(u, len(vocab)) for u in uniques), np.int32, len(uniques))
+        return np.where(codes >= 0, lut[codes] if len(lut) else -1, -1).astype(np.int32)
 
 
 def undecodable(skipped: Counter) -> int:
@@ -98,19 +108,22 @@ def undecodable(skipped: Counter) -> int:
 
 
 def ints(objs: list, get: Any) -> np.ndarray:
-    """int64 column; absent or non-integer values become MISSING (numeric strings parse)."""
+    """int64 column of get(obj) (or of the values themselves when get is None); absent or
+    non-integer values become MISSING."""
     try:
-        return np.fromiter(map(get, objs), np.int64, len(objs))
+        return np.fromiter(objs if get is None else map(get, objs), np.int64, len(objs))
     except (TypeError, ValueError, OverflowError):
-        return np.fromiter((v if type(v) is int else MISSING for v in map(get, objs)), np.int64, len(objs))
+        vals = objs if get is None else map(get, objs)
+        return np.fromiter((v if type(v) is int else MISSING for v in vals), np.int64, len(objs))
 
 
 def floats(objs: list, get: Any) -> np.ndarray:
+    """float64 column like `ints`; absent or non-numeric values become NaN."""
     try:
-        return np.fromiter(map(get, objs), np.float64, len(objs))
+        return np.fromiter(objs if get is None else map(get, objs), np.float64, len(objs))
     except (TypeError, ValueError):
-        return np.fromiter((v if type(v) in (int, float) else np.nan for v in map(get, objs)),
-                           np.float64, len(objs))
+        vals = objs if get is None else map(get, objs)
+        return np.fromiter((v if type(v) in (int, float) else np.nan for v in vals), np.float64, len(objs))
 
 
 def ids(objs: list, get: Any, cache: dict[str, int]) -> np.ndarray:
@@ -135,29 +148,46 @@ def ids(objs: list, get: Any, cache: dict[str, int]) -> np.ndarray:
     return np.fromiter(map(conv, map(get, objs)), np.int64, len(objs))
 
 
-def compact_json(raws: list, cache: dict[bytes, str]) -> list:
-    """msgspec.Raw values -> compact JSON text (cached: shapes repeat a lot), empty -> None."""
-    out = []
-    for raw in raws:
-        data = bytes(raw)
-        if not data:
-            out.append(None)
-            continue
-        text = cache.get(data)
-        if text is None:
-            try:
-                text = msgspec.json.encode(msgspec.json.decode(data)).decode()
-            except msgspec.DecodeError:
-                text = None
-            cache[data] = text
-        out.append(text)
+def compact_json(raws: list, cache: dict[str, str | None]) -> list:
+    """msgspec.Raw values -> compact JSON text, empty -> None. Joined and split in C; each
+    distinct text is re-encoded once (shapes and dtypes repeat a lot)."""
+    texts = _SEP.join(map(bytes.decode, map(bytes, raws))).split(_SEP) if raws else []
+    for text in set(texts).difference(cache):
+        try:
+            cache[text] = msgspec.json.encode(msgspec.json.decode(text)).decode() if text else None
+        except msgspec.DecodeError:
+            cache[text] = None
+    return list(map(cache.__getitem__, texts))
+
+
+def _values(objs: list, attr: str, vtype: str, acc: "Accumulator", col: str) -> Any:
+    """One args column over `objs`, or None when no object carries the field."""
+    vals = list(map(attrgetter(attr), objs))
+    if vals.count(_DEFAULT[vtype]) == len(vals):
+        return None
+    if vtype == "int":
+        return ints(vals, None)
+    if vtype == "float":
+        return floats(vals, None)
+    if vtype == "str":
+        return acc.encode(col, [v if type(v) is str else None for v in vals])
+    if vtype == "json":
+        return acc.encode(col, compact_json(vals, acc.json_cache))
+    out = np.full((len(vals), 3), MISSING, np.int64)  # dim3: [x, y, z] lists
+    good = [i for i, v in enumerate(vals) if type(v) is list and len(v) == 3]
+    if good:
+        out[good] = [vals[i] for i in good]
     return out
 
 
-def _subset(kinds: np.ndarray, codes: tuple[int, ...] | None) -> np.ndarray | None:
-    if codes is None:
-        return None
-    return np.flatnonzero(np.isin(kinds, codes))
+def _empty(vtype: str, n: int) -> Any:
+    if vtype == "int":
+        return np.full(n, MISSING, np.int64)
+    if vtype == "float":
+        return np.full(n, np.nan)
+    if vtype == "dim3":
+        return np.full((n, 3), MISSING, np.int64)
+    return np.full(n, -1, np.int32)  # str / json: codes
 
 
 def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipped: Counter) -> None:
@@ -187,58 +217,33 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
     acc.n_rows += n
     R = acc.rows
     acc.add(R, "kind", kinds.astype(np.int8))
-    acc.add(R, "name", pd.Categorical(names))
+    acc.add(R, "name", acc.encode("name", names))
     acc.add(R, "ts", ts)
     acc.add(R, "dur", dur)
     acc.add(R, "pid", ids(rows, _PID, acc.id_cache))
     acc.add(R, "tid", ids(rows, _TID, acc.id_cache))
     args = list(map(_ARGS, rows))
+    if None in args:  # events without args
+        args = [a if a is not None else EMPTY_ARGS for a in args]
     ext = ints(args, attrgetter("external_id"))
     if (ext == MISSING).any():
         ext = np.where(ext == MISSING, ints(args, attrgetter("external_id_2021")), ext)
     acc.add(R, "external_id", ext)
-    subsets: dict[Any, tuple[np.ndarray, list]] = {}
-
-    def sub(codes: tuple[int, ...] | None) -> tuple[np.ndarray | None, list]:
-        if codes is None:
-            return None, args
+    subsets: dict[Any, tuple[np.ndarray | None, list]] = {None: (None, args)}
+    for col, attr, vtype, codes in ARG_COLUMNS:
         if codes not in subsets:
-            where = _subset(kinds, codes)
+            where = np.flatnonzero(np.isin(kinds, codes))
             subsets[codes] = (where, [args[i] for i in where.tolist()])
-        return subsets[codes]
-
-    for col, attr, codes in INT_ARGS:
-        where, objs = sub(codes)
-        vals = ints(objs, attrgetter(attr))
-        acc.add(R, col, vals if where is None else _scatter(n, where, vals, MISSING, np.int64))
-    for col, attr, codes in FLOAT_ARGS:
-        where, objs = sub(codes)
-        vals = floats(objs, attrgetter(attr))
-        acc.add(R, col, vals if where is None else _scatter(n, where, vals, np.nan, np.float64))
-    for col, attr, codes in STR_ARGS + JSON_ARGS:
-        where, objs = sub(codes)
-        vals = list(map(attrgetter(attr), objs))
-        if (col, attr, codes) in JSON_ARGS:
-            vals = compact_json(vals, acc.json_cache)
+        where, objs = subsets[codes]
+        vals = _values(objs, attr, vtype, acc, col) if objs else None
+        if vals is None:
+            full = _empty(vtype, n)
+        elif where is None:
+            full = vals
         else:
-            vals = [v if isinstance(v, str) else None for v in vals]
-        full = np.full(n, None, dtype=object)
-        full[where] = vals
+            full = _empty(vtype, n)
+            full[where] = vals
         acc.add(R, col, full)
-    where, objs = sub((_K["kernel"],))
-    for col, attr in DIM3_ARGS:
-        full = np.full((n, 3), MISSING, np.int64)
-        vals = list(map(attrgetter(attr), objs))
-        good = [i for i, v in enumerate(vals) if type(v) is list and len(v) == 3]
-        if good:
-            full[where[good]] = [vals[i] for i in good]
-        acc.add(R, col, full)
-
-
-def _scatter(n: int, where: np.ndarray, vals: np.ndarray, fill: Any, dtype: Any) -> np.ndarray:
-    out = np.full(n, fill, dtype)
-    out[where] = vals
-    return out
 
 
 def _flows(evs: list, idx: np.ndarray, codes: np.ndarray, acc: Accumulator, skipped: Counter) -> None:
@@ -263,7 +268,7 @@ def _memory(evs: list, idx: np.ndarray, acc: Accumulator) -> None:
     ts = floats(objs, _TS)
     keep = np.flatnonzero(np.isfinite(ts))
     objs = [objs[i] for i in keep.tolist()]
-    args = list(map(_ARGS, objs))
+    args = [a if a is not None else EMPTY_ARGS for a in map(_ARGS, objs)]
     acc.add(acc.memory, "ts", ts[keep])
     for col, attr in MEMORY_ARGS:
         acc.add(acc.memory, col, ints(args, attrgetter(attr)))
@@ -289,7 +294,7 @@ def _counters(chunk: bytes, acc: Accumulator) -> None:
 def _metadata(evs: list, idx: np.ndarray, acc: Accumulator) -> None:
     for i in idx.tolist():
         ev = evs[i]
-        label = ev.args.meta_name
+        label = ev.args.meta_name if ev.args is not None else None
         if not isinstance(label, str):
             continue
         if ev.name == "process_name":

@@ -77,7 +77,7 @@ class Event(msgspec.Struct, gc=False):
     tid: Union[I64, str, None] = MISSING
     id: Union[I64, str, None] = MISSING
     bp: Optional[str] = None
-    args: Args = msgspec.field(default_factory=Args)
+    args: Optional[Args] = None
 
 
 class CounterEvent(msgspec.Struct, gc=False):
@@ -116,6 +116,7 @@ class Doc(msgspec.Struct):
     metadata: msgspec.Raw = EMPTY_RAW
 
 
+EMPTY_ARGS = Args()
 VERSION_KEYS = ("torch_version", "cuda_runtime_version", "cuda_driver_version", "cupti_version",
                 "hip_runtime_version", "hip_driver_version", "roctracer_version")
 SETTING_KEYS = ("record_shapes", "with_flops", "with_stack", "with_modules", "profile_memory",

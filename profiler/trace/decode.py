@@ -1,7 +1,7 @@
 """Decode one trace file's JSON bytes straight into column arrays (no dict per event).
 
 The top-level object is decoded once with `traceEvents` kept raw (that pass also validates the
-whole document as JSON). The events array is then cut into ~32 MB chunks at `}, {` boundaries and
+whole document as JSON). The events array is then cut into ~4 MB chunks at `}, {` boundaries and
 each chunk is decoded by msgspec into typed Structs (`_structs.Event`), from which columns are
 pulled with C-level `map(attrgetter)` + `np.fromiter`. A split that lands inside an event cannot
 decode (its brackets do not balance), so it is widened to the next boundary; a chunk with a
@@ -24,7 +24,7 @@ from profiler.trace._structs import (DOC_DECODER, EVENT_DECODER, EVENTS_DECODER,
 from profiler.trace.model import TraceError
 from profiler.trace.sources import Payload
 
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 4 << 20  # small enough that a chunk's Structs stay in cache across column passes
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
 _WS = b" \t\r\n"
 

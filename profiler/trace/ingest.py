@@ -15,9 +15,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import union_categoricals
+import pyarrow as pa
 
 from profiler.trace import links
+from profiler.trace._columns import CODED_COLUMNS
 from profiler.trace._structs import MISSING
 from profiler.trace.decode import FileData, decode_payload
 from profiler.trace.model import Trace, TraceError
@@ -34,6 +35,7 @@ class FileFrame:
 
     label: str
     cols: dict[str, Any]
+    vocab: dict[str, list[str]]  # coded columns: code -> text
     memory: dict[str, np.ndarray]
     counters: list[tuple]
     meta: dict[str, Any]
@@ -66,8 +68,6 @@ def _no_gc() -> Iterator[None]:
 def _cat(pieces: list) -> Any:
     if not pieces:
         return np.empty(0)
-    if isinstance(pieces[0], pd.Categorical):
-        return union_categoricals(pieces) if len(pieces) > 1 else pieces[0]
     return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
@@ -77,7 +77,7 @@ def _file_frame(fd: FileData) -> FileFrame:
     acc.rows.clear()
     if not cols:
         cols = {"ts": np.empty(0), "dur": np.empty(0), "kind": np.empty(0, np.int8),
-                "name": pd.Categorical([]), "pid": np.empty(0, np.int64), "tid": np.empty(0, np.int64),
+                "name": np.empty(0, np.int32), "pid": np.empty(0, np.int64), "tid": np.empty(0, np.int64),
                 "correlation": np.empty(0, np.int64)}
     for dim in ("grid", "block"):
         if dim in cols:
@@ -92,9 +92,11 @@ def _file_frame(fd: FileData) -> FileFrame:
             cols[col] = np.where(fill, cols[src], cols[col])
     flows = {k: _cat(v) for k, v in acc.flows.items()}
     cols["flow_id"], unbound = links.bind_flows(kind, cols["pid"], cols["tid"], cols["ts"], flows)
-    cols["step"] = links.assign_steps(kind, cols["name"], cols["ts"], cols["dur"], cols["correlation"])
+    vocab = {col: list(v) for col, v in acc.vocab.items()}
+    cols["step"] = links.assign_steps(kind, cols["name"], vocab.get("name", []), cols["ts"], cols["dur"],
+                                      cols["correlation"])
     memory = {k: _cat(v) for k, v in acc.memory.items()}
-    return FileFrame(fd.label, cols, memory, acc.counters, fd.meta, fd.skipped, unbound)
+    return FileFrame(fd.label, cols, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound)
 
 
 def _assign_ranks(frames: list[FileFrame], rank: Any) -> list[tuple[int, str]]:
@@ -139,23 +141,33 @@ def _masked(values: np.ndarray, dtype: str) -> Any:
 
 
 def _column(name: str, dtype: str, pieces: list, n: int) -> Any:
-    if not pieces:
-        values = None
-    elif isinstance(pieces[0], pd.Categorical):
-        values = union_categoricals(pieces) if len(pieces) > 1 else pieces[0]
-    else:
-        values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    values = (np.concatenate(pieces) if len(pieces) > 1 else pieces[0]) if pieces else None
     if dtype in _NP_INT:
         return _masked(values if values is not None else np.full(n, MISSING, np.int64), dtype)
     if dtype == "float64":
         return values if values is not None else np.full(n, np.nan)
+    raise TypeError(f"unhandled dtype {dtype} for column {name}")
+
+
+def _coded(col: str, dtype: str, frames: list[FileFrame]) -> Any:
+    """Merge per-file dictionary codes into one Categorical (or Arrow-backed string) column."""
+    texts: dict[str, int] = {}
+    pieces = []
+    for f in frames:
+        codes = f.cols.get(col)
+        vocab = f.vocab.get(col, [])
+        if codes is None or not vocab:
+            pieces.append(np.full(f.n, -1, np.int32))
+            continue
+        lut = np.fromiter((texts.setdefault(t, len(texts)) for t in vocab), np.int32, len(vocab))
+        pieces.append(codes if np.array_equal(lut, np.arange(len(vocab))) else
+                      np.where(codes >= 0, lut[codes], -1).astype(np.int32))
+    codes = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
     if dtype == "category":
-        if values is None:
-            return pd.Categorical(np.full(n, None, dtype=object))
-        return values if isinstance(values, pd.Categorical) else pd.Categorical(values)
-    if dtype == "string":
-        return pd.array(values if values is not None else np.full(n, None, dtype=object), dtype="string")
-    raise TypeError(f"unhandled dtype {dtype}")
+        return pd.Categorical.from_codes(codes, categories=list(texts))
+    dictionary = pa.array(list(texts), pa.string())
+    arr = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), dictionary).dictionary_decode()
+    return pd.arrays.ArrowStringArray(arr)
 
 
 def _events_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.DataFrame:
@@ -174,6 +186,8 @@ def _events_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.Da
             data[col] = np.concatenate([f.cols["dur"] for f in frames])
         elif col in ("flops", "bytes_moved"):
             data[col] = np.full(n, np.nan)  # unknown for uploaded traces; capture fills them
+        elif col in CODED_COLUMNS:
+            data[col] = _coded(col, dtype, frames)
         else:
             pieces = [f.cols[col] for f in frames if col in f.cols]
             if pieces and len(pieces) != len(frames):  # some files lack the column: pad
@@ -185,12 +199,8 @@ def _events_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.Da
 
 
 def _missing_like(example: Any, n: int) -> Any:
-    if isinstance(example, pd.Categorical):
-        return pd.Categorical(np.full(n, None, dtype=object))
     if example.dtype == np.float64:
         return np.full(n, np.nan)
-    if example.dtype == object:
-        return np.full(n, None, dtype=object)
     return np.full(n, MISSING, np.int64)
 
 

@@ -38,15 +38,15 @@ def _contained(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray, labels: np.
     return out
 
 
-def assign_steps(kind: np.ndarray, name: pd.Categorical, ts: np.ndarray, dur: np.ndarray,
-                 correlation: np.ndarray) -> np.ndarray:
-    """int64 step per row (MISSING when outside every ProfilerStep)."""
-    step_of_code = np.full(len(name.categories) + 1, MISSING, np.int64)
-    for code, label in enumerate(name.categories):
+def assign_steps(kind: np.ndarray, name_codes: np.ndarray, names: list[str], ts: np.ndarray,
+                 dur: np.ndarray, correlation: np.ndarray) -> np.ndarray:
+    """int64 step per row (MISSING when outside every ProfilerStep); names[code] is the name."""
+    step_of_code = np.full(len(names) + 1, MISSING, np.int64)
+    for code, label in enumerate(names):
         m = STEP_NAME.match(label)
         if m and len(m.group(1)) < 10:
             step_of_code[code] = int(m.group(1))
-    step_of_row = step_of_code[name.codes]  # code -1 (missing) maps to the trailing MISSING
+    step_of_row = step_of_code[name_codes]  # code -1 (missing) maps to the trailing MISSING
     is_step = step_of_row != MISSING
     device_side = np.isin(kind, DEVICE_SIDE)
     cpu_span = is_step & ~device_side

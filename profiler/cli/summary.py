@@ -1,0 +1,43 @@
+"""`python -m profiler summary TRACE [TRACE...] [--json OUT]`: load traces, print a short summary."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from profiler.cli import register_command
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help=".json/.json.gz trace, a directory or .zip of them; several files = several ranks")
+    p.add_argument("--json", metavar="OUT", type=Path, help="also write the summary as a JSON object")
+    p.add_argument("--max-decompressed-gb", type=float, default=4.0,
+                   help="refuse traces that decompress to more than this (default 4)")
+
+
+@register_command("summary", "Load trace(s) as one Trace and print a short summary", _add_arguments)
+def run(args: argparse.Namespace) -> int:
+    from profiler.trace import load_trace
+    from profiler.trace.summary import summarize
+
+    sources = args.traces[0] if len(args.traces) == 1 else list(args.traces)
+    trace = load_trace(sources, max_decompressed_bytes=int(args.max_decompressed_gb * (1 << 30)))
+    s = summarize(trace)
+    print(f"trace: {', '.join(s['sources'])}")
+    if s["devices"]:
+        print(f"device: {' '.join(s['devices'])}")
+    print(f"ranks: {s['ranks']}   events: {s['events']:,}   span: {s['span_us'] / 1e3:,.3f} ms")
+    print(f"kernels: {s['kernel_count']:,} ({s['unique_kernels']:,} unique), "
+          f"total {s['kernel_total_us'] / 1e3:,.3f} ms on {s['streams']} stream(s)")
+    print("by kind: " + ", ".join(f"{k}={v:,}" for k, v in s["events_by_kind"].items()))
+    if s["steps"]:
+        print(f"steps: {s['steps'][0]}..{s['steps'][-1]} ({len(s['steps'])})")
+    if s["skipped_events"]:
+        why = "; ".join(f"{k} x{v}" for k, v in s["skipped_reasons"].items())
+        print(f"skipped events: {s['skipped_events']:,} ({why})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(s, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
