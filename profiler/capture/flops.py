@@ -117,6 +117,13 @@ class OpCostRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.overloadpacket not in fm.FLOP_FORMULAS:
+            # A CompositeImplicitAutograd op reaches the mode whole under inference_mode
+            # (aten::linear); record what it runs (aten::t, aten::addmm), as the profiler nests it.
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
         out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function markers: annotations, not ops
             return out
