@@ -88,7 +88,12 @@ def add_rms_norm_reference(x, residual, weight=None, eps=1e-6, offset=0.0, casti
 # ---------------------------------------------------------------- the fused autograd Function
 def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     """[..., N] -> contiguous [M, N] (a view when already contiguous)."""
-    return None if t is None else t.reshape(-1, n).contiguous()
+    if t is None:
+        return None
+    rows = 1
+    for d in t.shape[:-1]:
+        rows *= d
+    return t.reshape(rows, n).contiguous()
 
 
 class _FusedNorm(torch.autograd.Function):

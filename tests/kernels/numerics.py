@@ -126,10 +126,11 @@ def fwd_bwd(fn: Callable[..., Any], inputs: Sequence[Any], backward: bool = True
 
 def max_err(x: torch.Tensor, truth: torch.Tensor) -> float:
     """max |x - truth| over positions where truth is finite (0.0 for empty tensors)."""
+    truth = truth.detach()
     finite = torch.isfinite(truth)
     if x.numel() == 0 or not bool(finite.any()):
         return 0.0
-    diff = (x.detach().to(torch.float64) - truth.to(torch.float64)).abs()[finite]
+    diff = (x.detach().to(torch.float64) - truth.detach().to(torch.float64)).abs()[finite]
     return float(diff.max()) if not bool(diff.isnan().any()) else float("nan")
 
 
@@ -200,3 +201,26 @@ def with_nonfinite(x: torch.Tensor, row: int = 0) -> torch.Tensor:
     if n > 2:
         flat[min(row + 1, flat.shape[0] - 1), n - 1] = float("-inf")
     return y
+
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def run_in_triton_interpreter(code: str, timeout_s: float = 300.0) -> str:
+    """Run Python `code` in a fresh process with TRITON_INTERPRET=1 (set before triton is imported).
+
+    The interpreter flag must never leak into the test process (it changes provider probing for
+    every later test), hence the subprocess. Returns stdout; a non-zero exit raises AssertionError
+    with the tail of stderr.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise AssertionError(f"interpreted run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout

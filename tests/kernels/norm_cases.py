@@ -1,0 +1,94 @@
+"""Normalization kernel cases, shared by the CPU tests, the interpreted Triton tests (subprocess)
+and the GPU check (`benchmarks/gpu/kernels_check.py`), so all three check the same calls.
+
+A case names a public function, its eager reference, and how to build its arguments for a shape,
+dtype, layout and device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import kernels
+from kernels import norms
+from tests.kernels.numerics import check_against_reference, make
+
+
+@dataclass(frozen=True)
+class NormCase:
+    name: str
+    public: str  # function name in `kernels`
+    reference: Callable[..., Any]
+    residual: bool = False
+    weight: bool = True
+    bias: bool | None = None  # None: the function has no bias parameter
+    offset: float | None = None  # rms: the offset argument (None: not passed)
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if not hasattr(norms, self.public):
+            raise ValueError(f"unknown norm function {self.public}")
+
+    def inputs(self, shape: tuple[int, ...], dtype: torch.dtype, layout: str = "contiguous",
+               device: str = "cpu", seed: int = 0) -> list[Any]:
+        """Positional arguments of the public function (weights around 1, or 0 for offset=1)."""
+        n = shape[-1]
+        x = make(shape, dtype, seed, layout=layout).to(device)
+        args: list[Any] = [x]
+        if self.residual:
+            args.append(make(shape, dtype, seed + 1, layout=layout).to(device))
+        w_shift = 0.0 if self.offset else 1.0
+        args.append(make((n,), dtype, seed + 2, scale=0.5, shift=w_shift).to(device) if self.weight else None)
+        if self.bias is not None:
+            args.append(make((n,), dtype, seed + 3, scale=0.5).to(device) if self.bias else None)
+        args.append(self.eps)
+        if self.offset is not None:
+            args.append(self.offset)
+        return args
+
+    def ours(self, provider: str | None) -> Callable[..., Any]:
+        fn = getattr(kernels, self.public)
+        return lambda *args: fn(*args, provider=provider)
+
+    def check(self, provider: str | None, shape: tuple[int, ...], dtype: torch.dtype,
+              layout: str = "contiguous", device: str = "cpu", backward: bool = True,
+              args: list[Any] | None = None) -> None:
+        """ours (poisoned outputs) vs eager vs the float64 truth, forward and backward."""
+        args = self.inputs(shape, dtype, layout, device) if args is None else args
+        check_against_reference(self.ours(provider), self.reference, args, dtype, backward=backward)
+
+
+CASES: dict[str, NormCase] = {c.name: c for c in (
+    NormCase("layer_norm", "layer_norm", norms.layer_norm_reference, bias=True),
+    NormCase("layer_norm_plain", "layer_norm", norms.layer_norm_reference, weight=False, bias=False),
+    NormCase("layer_norm_no_bias", "layer_norm", norms.layer_norm_reference, bias=False),
+    NormCase("rms_norm", "rms_norm", norms.rms_norm_reference, eps=1e-6),
+    NormCase("rms_norm_gemma", "rms_norm", norms.rms_norm_reference, offset=1.0, eps=1e-6),
+    NormCase("rms_norm_plain", "rms_norm", norms.rms_norm_reference, weight=False, eps=1e-6),
+    NormCase("add_layer_norm", "add_layer_norm", norms.add_layer_norm_reference, residual=True, bias=True),
+    NormCase("add_rms_norm", "add_rms_norm", norms.add_rms_norm_reference, residual=True, eps=1e-6),
+    NormCase("add_rms_norm_gemma", "add_rms_norm", norms.add_rms_norm_reference, residual=True,
+             offset=1.0, eps=1e-6),
+)}
+
+
+def run_interpreted(case_name: str) -> int:
+    """All tiny-shape checks of one case through the Triton provider (run with TRITON_INTERPRET=1).
+
+    Returns the number of checks run (each raises AssertionError on a mismatch).
+    """
+    from tests.kernels.numerics import DTYPES, TINY, with_nonfinite
+
+    case = CASES[case_name]
+    count = 0
+    for dtype in DTYPES:
+        for shape in TINY:
+            case.check("triton", shape, dtype)
+            count += 1
+    case.check("triton", (5, 7), torch.float32, layout="transposed")
+    args = case.inputs((3, 6), torch.float32)
+    args[0] = with_nonfinite(args[0])
+    case.check("triton", (3, 6), torch.float32, args=args, backward=False)
+    return count + 2

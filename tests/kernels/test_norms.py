@@ -1,0 +1,188 @@
+"""CPU (C++) norm kernels vs the float64 truth, judged against eager's own error; modules;
+provider choice and reasons; zero-size inputs; NaN/Inf; costs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import norms
+from kernels.registry import KERNELS, select_provider
+from tests.kernels.norm_cases import CASES
+from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches, fwd_bwd, make,
+                                    to_f64, with_nonfinite)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_provider() -> None:
+    reason = kernels.available_providers()["cpu"]
+    if reason:
+        pytest.skip(f"cpu provider unavailable: {reason}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", AWKWARD_2D + BATCHED, ids=str)
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm", "rms_norm_gemma", "add_layer_norm", "add_rms_norm"])
+def test_matches_float64(case: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    CASES[case].check("cpu", shape, dtype)
+
+
+@pytest.mark.parametrize("case", ["layer_norm_plain", "layer_norm_no_bias", "rms_norm_plain", "add_rms_norm_gemma"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_optional_parameters(case: str, dtype: torch.dtype) -> None:
+    CASES[case].check("cpu", (17, 129), dtype)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_non_contiguous(case: str, layout: str) -> None:
+    args = CASES[case].inputs((6, 40), torch.float32, layout)
+    assert not args[0].is_contiguous()
+    CASES[case].check("cpu", (6, 40), torch.float32, args=args)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm"])
+def test_weight_grads_over_many_row_chunks(case: str, threads: int) -> None:
+    """Many short rows: the per-chunk partial sums and their reduction must add up exactly once."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        CASES[case].check("cpu", (1999, 33), torch.float32)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm", "rms_norm_gemma", "add_layer_norm", "add_rms_norm"])
+def test_nan_inf_propagate_like_reference(case: str) -> None:
+    c = CASES[case]
+    args = c.inputs((4, 9), torch.float32)
+    args[0] = with_nonfinite(args[0], row=1)
+    c.check("cpu", (4, 9), torch.float32, args=args)  # backward too: NaN rows poison dw like eager
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0), (2, 0, 5)], ids=str)
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_zero_size(case: str, shape: tuple[int, ...]) -> None:
+    c = CASES[case]
+    args = c.inputs(shape, torch.float32)
+    ours = fwd_bwd(c.ours("cpu"), args)
+    eager = fwd_bwd(c.reference, args)
+    for o, e in zip(ours, eager):
+        assert (o is None) == (e is None)
+        if o is not None:
+            assert o.shape == e.shape
+            if o.numel() and not e.isnan().any():  # weight grads over zero rows are zeros
+                assert torch.equal(o, e)
+
+
+def test_gemma_offset_and_llama_casting_differ_as_hf_does() -> None:
+    """bf16: llama casting rounds before the weight, gemma after; each matches its own reference."""
+    x = make((8, 64), torch.bfloat16, 1)
+    w = make((64,), torch.bfloat16, 2, scale=0.5)
+    llama = kernels.rms_norm(x, w, 1e-6, 1.0, casting="llama", provider="cpu")
+    gemma = kernels.rms_norm(x, w, 1e-6, 1.0, provider="cpu")
+    assert torch.equal(llama, norms.rms_norm_reference(x, w, 1e-6, 1.0, "llama"))
+    assert torch.equal(gemma, norms.rms_norm_reference(x, w, 1e-6, 1.0, "gemma"))
+    assert not torch.equal(llama, gemma)
+    with pytest.raises(ValueError, match="casting"):
+        kernels.rms_norm(x, w, 1e-6, casting="t5", provider="cpu")
+
+
+def _hf_llama_rms_norm(weight: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm.forward, written out independently of kernels.norms."""
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(input_dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_module_matches_hf_llama_rms_norm(dtype: torch.dtype) -> None:
+    m = norms.RMSNorm(96, eps=1e-6, provider="cpu", dtype=dtype)
+    with torch.no_grad():
+        m.weight.copy_(make((96,), dtype, 5, shift=1.0))
+    x = make((2, 5, 96), dtype, 6)
+    ours, hf = m(x), _hf_llama_rms_norm(m.weight, x, 1e-6)
+    assert_matches([ours], [hf], [_hf_llama_rms_norm(m.weight.double(), x.double(), 1e-6)], dtype)
+
+
+def test_layer_norm_module_is_a_drop_in_for_nn_layer_norm() -> None:
+    ref = torch.nn.LayerNorm(48)
+    ours = norms.LayerNorm(48, provider="cpu")
+    ours.load_state_dict(ref.state_dict())
+    x = make((3, 7, 48), torch.float32, 3)
+    assert torch.allclose(ours(x), ref(x), atol=1e-5)
+    with pytest.raises(ValueError, match="last dim"):
+        norms.LayerNorm((4, 48))
+
+
+def test_add_modules_return_sum_and_normed() -> None:
+    x, r = make((5, 32), torch.float32, 1), make((5, 32), torch.float32, 2)
+    s, y = norms.AddRMSNorm(32, provider="cpu")(x, r)
+    assert torch.equal(s, x + r)
+    assert torch.allclose(y, F.rms_norm(x + r, (32,), eps=1e-6), atol=1e-6)
+    s, y = norms.AddLayerNorm(32, provider="cpu")(x, r)
+    assert torch.allclose(y, F.layer_norm(x + r, (32,)), atol=1e-5)
+
+
+def test_auto_provider_on_cpu_is_cpu() -> None:
+    x = make((4, 16), torch.float32)
+    chosen, skipped = select_provider(KERNELS["layer_norm"], (x, None, None, 1e-5), {})
+    assert chosen == "cpu" and skipped == {}
+
+
+def test_unsupported_calls_fall_back_with_reasons() -> None:
+    x64 = make((4, 16), torch.float64)
+    chosen, skipped = select_provider(KERNELS["rms_norm"], (x64, None, 1e-6), {})
+    assert chosen == "reference" and "float64" in skipped["cpu"]
+    out = kernels.rms_norm(x64, None)  # runs (on the reference)
+    assert out.dtype == torch.float64
+    x, w32 = make((4, 16), torch.bfloat16), make((16,), torch.float32)
+    chosen, skipped = select_provider(KERNELS["layer_norm"], (x, w32, None, 1e-5), {})
+    assert chosen == "reference" and "mixed dtypes" in skipped["cpu"]
+    with pytest.raises(ValueError, match="mixed dtypes"):
+        kernels.layer_norm(x, w32, None, provider="cpu")
+    with pytest.raises(ValueError, match="does not match the last dim"):
+        kernels.layer_norm(x, make((15,), torch.bfloat16), provider="cpu")
+
+
+def test_explicit_triton_without_gpu_or_interpreter_raises_with_reason(monkeypatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = make((4, 16), torch.float32)
+    with pytest.raises(ValueError, match="triton.*unavailable: (no CUDA GPU|Triton not installed|provider triton does not run on cpu)"):
+        kernels.layer_norm(x, provider="triton")
+
+
+def test_aten_provider_rms_only_in_fp32() -> None:
+    x = make((4, 16), torch.bfloat16)
+    with pytest.raises(ValueError, match="F.rms_norm rounds differently"):
+        kernels.rms_norm(x, None, provider="aten")
+    xf = make((4, 16), torch.float32)
+    w = make((16,), torch.float32, 1)
+    assert torch.allclose(kernels.rms_norm(xf, w, provider="aten"), norms.rms_norm_reference(xf, w), atol=1e-6)
+
+
+def test_cost_counts_bytes_of_fused_and_unfused_chains() -> None:
+    x = torch.empty(4096, 768)
+    w = torch.empty(768)
+    c = KERNELS["layer_norm"].cost(x, w, w, 1e-5)
+    e = 4096 * 768
+    assert c.bytes_fused == 2 * e * 4 + 2 * 768 * 4 + 2 * 4096 * 4
+    assert c.bytes_unfused == c.bytes_fused + 8 * e * 4 and c.bytes_saved == 8 * e * 4
+    a = KERNELS["add_rms_norm"].cost(x, x, w, 1e-6)
+    assert a.bytes_fused == 4 * e * 4 + 768 * 4 + 2 * 4096 * 4
+    assert c.flops > 0 and a.flops > 0
+
+
+def test_inference_path_skips_autograd() -> None:
+    x = make((4, 16), torch.float32).requires_grad_()
+    with torch.no_grad():
+        y = kernels.layer_norm(x, provider="cpu")
+    assert y.grad_fn is None
+    truth = norms.layer_norm_reference(to_f64(x))
+    assert torch.allclose(y.double(), truth, atol=1e-5)

@@ -1,0 +1,34 @@
+"""Triton norm kernels under the CPU interpreter (TRITON_INTERPRET=1, in a subprocess so the flag
+never leaks into this process): tiny shapes, fp32/bf16/fp16, non-contiguous, NaN/Inf, forward and
+backward vs float64. Cases are grouped to pay the subprocess start (torch import) three times."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.kernels.norm_cases import CASES
+from tests.kernels.numerics import run_in_triton_interpreter
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+GROUPS = {
+    "layer_norm": [c for c in CASES if c.startswith("layer_norm")],
+    "rms_norm": [c for c in CASES if c.startswith("rms_norm")],
+    "add_norms": [c for c in CASES if c.startswith("add_")],
+}
+
+
+def test_groups_cover_every_case() -> None:
+    assert sorted(c for g in GROUPS.values() for c in g) == sorted(CASES)
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_triton_norms_interpreted(group: str) -> None:
+    names = GROUPS[group]
+    out = run_in_triton_interpreter(
+        "from tests.kernels.norm_cases import run_interpreted\n"
+        f"for name in {names!r}: print(name, run_interpreted(name))")
+    counts = dict(line.split() for line in out.strip().splitlines())
+    assert sorted(counts) == sorted(names)
+    assert all(int(v) >= 14 for v in counts.values())
