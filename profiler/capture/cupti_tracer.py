@@ -34,6 +34,11 @@ class CuptiConflictError(CaptureError):
     """A second CUPTI client in the same capture (another tracer, or torch.profiler/Kineto)."""
 
 
+def cupti_active() -> bool:
+    """True while a cupti tracer runs in this process (other CUPTI clients must not start)."""
+    return _ACTIVE is not None
+
+
 def _kineto_enabled() -> bool:
     import torch
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from profiler.capture.nvml import LIBRARY_NOT_FOUND, NvmlSampler
+from profiler.capture.nvml import LIBRARY_NOT_FOUND, NvmlSampler, throttle_reason_names
 from profiler.trace.schema import COUNTER_COLUMNS
 
 
@@ -83,3 +83,11 @@ def test_sampling_loop_rate_values_and_clock_mapping():
 def test_bad_rate_is_refused():
     with pytest.raises(ValueError):
         NvmlSampler(hz=0)
+
+
+def test_throttle_mask_decodes_to_names():
+    import pynvml
+
+    mask = pynvml.nvmlClocksThrottleReasonSwPowerCap | pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+    assert throttle_reason_names(mask) == ["HwThermalSlowdown", "SwPowerCap"]
+    assert throttle_reason_names(0) == []
