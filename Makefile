@@ -29,7 +29,7 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian chromium for browser tests"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium fonts-dejavu-core fonts-noto-color-emoji >/dev/null; }
 
 run: $(STAMP)
 	$(PY) -m streamlit run app.py --server.address 127.0.0.1

@@ -63,9 +63,11 @@ cols[0].metric("Ranks", ", ".join(str(r) for r in summary["ranks"]) or "-")
 cols[1].metric("GPU streams", summary["streams"])
 cols[2].metric("Skipped events", summary["skipped_events"])
 devices = summary.get("devices") or []
-cols[3].metric("Device", devices[0] if devices else "-")
+if devices:
+    st.caption("Device: " + " ".join(str(d) for d in devices))
 
 counts = trace.events["kind"].value_counts().rename_axis("kind").reset_index(name="events")
+counts = counts[counts["events"] > 0]
 st.dataframe(counts, hide_index=True, width="content")
 top = (trace.kernels.groupby("name", observed=True)["dur_us"].agg(["count", "sum"])
        .sort_values("sum", ascending=False).head(15).reset_index()
