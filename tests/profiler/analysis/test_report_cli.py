@@ -1,0 +1,110 @@
+"""`python -m profiler analyze`: exit codes, the documented JSON keys, strict JSON, --compare."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler.analysis.report_json import REPORT_SCHEMA_VERSION, build_report, jsonable
+from tests.profiler.analysis.synth import TRACES_DIR, real_trace
+from tests.profiler.analysis.test_attribution import raw_events
+
+ROOT = Path(__file__).resolve().parents[3]
+BERT = str(TRACES_DIR / "tracelens_h100_bert_small.json.gz")
+VIT = str(TRACES_DIR / "tracelens_h100_falconsai_nsfw.json.gz")
+NCCL = str(TRACES_DIR / "hta_a100_rank0of2_nccl_data.json.gz")
+REQUIRED = ("schema_version", "kernel_type_breakdown", "kernel_breakdown", "temporal", "comm_comp_overlap_pct",
+            "idle", "findings", "analyses", "errors")
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profiler", "analyze", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def strict_load(path: Path) -> dict:
+    def no_constants(c):
+        raise AssertionError(f"non-strict JSON constant {c}")
+
+    return json.loads(path.read_text(), parse_constant=no_constants)
+
+
+def test_cli_json_has_documented_keys_and_matches_raw(tmp_path):
+    out = tmp_path / "r.json"
+    p = analyze(NCCL, "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "top kernels" in p.stdout and "findings" in p.stdout
+    r = strict_load(out)
+    for k in REQUIRED:
+        assert k in r, k
+    assert r["schema_version"] == REPORT_SCHEMA_VERSION and r["errors"] == {}
+    assert set(r["kernel_type_breakdown"]) == {"computation", "communication", "memory"}
+    assert set(r["temporal"]["0"]) == {"idle_us", "compute_us", "non_compute_us", "span_us"}
+    assert 0 <= r["comm_comp_overlap_pct"]["0"] <= 100
+    assert all({"idle_us", "host_wait_us", "kernel_wait_us", "other_us"} <= set(v) for v in r["idle"]["0"].values())
+    for f in r["findings"]:
+        assert {"rule", "severity", "message", "est_saving_us"} <= set(f)
+    # kernel totals per name against the raw JSON
+    truth: dict[str, float] = {}
+    for e in raw_events("hta_a100_rank0of2_nccl_data.json.gz"):
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            truth[e["name"]] = truth.get(e["name"], 0.0) + float(e["dur"])
+    ours = {k["name"]: k["total_us"] for k in r["kernel_breakdown"]}
+    assert set(ours) == set(truth)
+    assert all(ours[n] == pytest.approx(truth[n], rel=1e-6, abs=1e-3) for n in truth)
+    comm = r["kernel_type_breakdown"]["communication"]
+    assert comm == pytest.approx(sum(v for n, v in truth.items() if n.startswith("ncclKernel")), rel=1e-6)
+
+
+def test_cli_compare_includes_diff(tmp_path):
+    out = tmp_path / "c.json"
+    p = analyze(BERT, "--json", str(out), "--compare", VIT)
+    assert p.returncode == 0, p.stderr
+    assert "diff vs" in p.stdout
+    r = strict_load(out)
+    d = r["diff"]
+    assert {"kernels", "ops", "totals", "new_kernels", "vanished_kernels"} <= set(d)
+    deltas = [abs(k["delta_us"]) for k in d["kernels"]]
+    assert deltas == sorted(deltas, reverse=True)
+    assert all(k["delta_pct"] is None for k in d["kernels"] if k["status"] == "new")
+
+
+@pytest.mark.parametrize("content", ['{"traceEvents": [', "not json at all", ""])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, content):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    p = analyze(str(bad))
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_cli_missing_file_and_bad_compare(tmp_path):
+    p = analyze(str(tmp_path / "missing.json"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    p = analyze(BERT, "--compare", str(bad))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_report_two_ranks_runs_stragglers():
+    from profiler.trace import load_trace
+
+    tr = load_trace([str(TRACES_DIR / "hta_a100_rank0of2_nccl_data.json.gz"),
+                     str(TRACES_DIR / "hta_v100_rank1of2_trace_diff_test.json.gz")])
+    r = build_report(tr)
+    json.dumps(r, allow_nan=False)
+    assert r["errors"] == {} and "stragglers" in r["analyses"]
+    assert set(r["temporal"]) == set(r["comm_comp_overlap_pct"]) == {"0", "1"}
+
+
+def test_report_multi_rank_and_generic_serialisation():
+    tr = real_trace("tracelens_mi300x_torch_compile_triton.json.gz")
+    r = build_report(tr)
+    json.dumps(r, allow_nan=False)
+    assert r["errors"] == {}
+    assert "attribution" in r["analyses"] and "stragglers" in r["analyses_skipped"]
+    assert jsonable(float("nan")) is None and jsonable({"a": [1.5, float("inf")]}) == {"a": [1.5, None]}
