@@ -1,0 +1,45 @@
+"""`python -m profiler capture`: files written and exit status 0; bad input is one line and 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "profiler", "capture", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+
+def test_capture_writes_everything(tmp_path):
+    out = tmp_path / "cap"
+    proc = run("mlp", "--size", "tiny", "--mode", "infer", "--steps", "2", "--out", str(out), "--ceilings", "quick")
+    assert proc.returncode == 0, proc.stderr
+    assert "[4/4]" in proc.stderr and "source off: nvml" in proc.stdout
+    assert (out / "kineto_rank0.pt.trace.json").is_file()
+    assert (out / "trace" / "events.parquet").is_file() and (out / "trace" / "meta.json").is_file()
+    assert (out / "roofline.csv").read_text().startswith("kind,name")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["profiled_steps"] == 2 and summary["flops_total"] > 0
+    assert "lower bound" in summary["bytes_note"]
+
+
+def test_roofline_missing_is_explained(tmp_path):
+    proc = run("mlp", "--size", "tiny", "--steps", "1", "--out", str(tmp_path), "--ceilings", "none", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "turned off" in (tmp_path / "roofline_missing.txt").read_text()
+
+
+def test_bad_spec_exits_2_with_one_line(tmp_path):
+    proc = run(str(tmp_path / "missing.py") + ":build", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("[")]
+    assert len(lines) == 1 and "file not found" in lines[0]
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    assert run("mlp", "--set", "nonsense", "--out", str(tmp_path)).returncode == 2
+    assert run("mlp", "--steps", "0", "--out", str(tmp_path)).returncode == 2
+    assert run("mlp", "--mode", "fly").returncode == 2

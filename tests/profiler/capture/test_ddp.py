@@ -1,0 +1,16 @@
+"""A DDP capture with 2 ranks on this CPU (gloo): one trace per rank, loaded as ranks 0 and 1."""
+from profiler.capture.backends import CapturePlan
+from profiler.capture.ddp import capture_ddp
+
+
+def test_two_rank_gloo_capture(tmp_path):
+    res = capture_ddp("mlp", CapturePlan(wait=0, warmup=1, active=1), tmp_path, 2, size="tiny")
+    files = sorted(p.name for p in tmp_path.glob("kineto_rank*.pt.trace.json"))
+    assert files == ["kineto_rank0.pt.trace.json", "kineto_rank1.pt.trace.json"]
+    ev = res.trace.events
+    assert res.trace.ranks == (0, 1)
+    assert sorted(ev["rank"].unique().tolist()) == [0, 1]
+    allreduce = ev[ev["name"].astype(str).str.contains("allreduce")]
+    assert set(allreduce["rank"]) == {0, 1}  # DDP's gradient all-reduce ran on both ranks
+    per_rank = ev.groupby("rank")["flops"].sum()
+    assert per_rank[0] == per_rank[1] > 0  # same program, same FLOPs on each rank

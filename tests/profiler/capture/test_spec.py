@@ -1,0 +1,145 @@
+"""Model specs: every kind of bad spec is one line naming the spec and the cause."""
+import textwrap
+
+import pytest
+import torch
+
+from profiler.capture import hf
+from profiler.capture.backends import CaptureError, CapturePlan
+from profiler.capture.runner import capture, loss_of, prepare
+from profiler.capture.spec import SpecError, load_spec
+from profiler.errors import FusionLensError
+
+
+def write(tmp_path, body, name="model_spec.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def one_line_error(spec, match, **kw):
+    with pytest.raises(SpecError) as info:
+        load_spec(spec, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and spec in msg, msg
+    assert match in msg, msg
+    return msg
+
+
+def test_missing_file(tmp_path):
+    one_line_error(f"{tmp_path}/nope.py:build", "file not found")
+
+
+def test_import_error_and_syntax_error(tmp_path):
+    bad = write(tmp_path, "import not_a_module_anywhere_xyz\n")
+    one_line_error(f"{bad}:build", "ModuleNotFoundError")
+    syntax = write(tmp_path, "def build(:\n", "broken.py")
+    one_line_error(f"{syntax}:build", "SyntaxError")
+
+
+def test_missing_function_and_wrong_returns(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        def build(): return torch.nn.Linear(2, 2)
+        def not_module(): return 3, (torch.randn(2),)
+        def no_tensor(): return torch.nn.Linear(2, 2), ("x",)
+        def bad_inputs(): return torch.nn.Linear(2, 2), 5
+    """)
+    one_line_error(f"{path}:missing", "has no function 'missing'")
+    one_line_error(f"{path}:build", "must return (model, inputs)")
+    one_line_error(f"{path}:not_module", "expected torch.nn.Module")
+    one_line_error(f"{path}:no_tensor", "no tensor")
+    one_line_error(f"{path}:bad_inputs", "tuple of tensors or a dict")
+
+
+def test_raising_build_and_oom(tmp_path):
+    path = write(tmp_path, """
+        def build(): raise ValueError("bad config\\nsecond line")
+        def huge(): raise MemoryError("cannot allocate 1 TB")
+    """)
+    one_line_error(f"{path}:build", "ValueError: bad config second line")
+    one_line_error(f"{path}:huge", "ran out of memory")
+
+
+def test_step_failure_is_one_line(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        class Bad(torch.nn.Module):
+            def __init__(self):
+                super().__init__(); self.lin = torch.nn.Linear(4, 4)
+            def forward(self, x): return self.lin(x) @ torch.randn(5, 5)
+        def build(): return Bad(), (torch.randn(2, 4),)
+    """)
+    with pytest.raises(SpecError, match=r"step -1 raised RuntimeError") as info:
+        capture(f"{path}:build", CapturePlan(wait=0, warmup=0, active=1), tmp_path / "out")
+    assert "\n" not in str(info.value)
+
+
+def test_dict_inputs_batch_and_module_spec(tmp_path, monkeypatch):
+    path = write(tmp_path, """
+        import torch
+        class KW(torch.nn.Module):
+            def __init__(self):
+                super().__init__(); self.lin = torch.nn.Linear(3, 2)
+            def forward(self, *, x, scale): return self.lin(x) * scale
+        def build(batch=5):
+            return KW(), {"x": torch.randn(batch, 3), "scale": torch.tensor(2.0)}
+    """, "kwmodel.py")
+    lm = load_spec(f"{path}:build", batch=7)
+    assert lm.kind == "file" and lm.inputs["x"].shape == (7, 3)
+    assert lm.call().shape == (7, 2)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lm = load_spec("kwmodel:build")
+    assert lm.kind == "module" and lm.inputs["x"].shape == (5, 3)
+
+
+def test_module_spec_errors():
+    one_line_error("no_such_pkg_xyz.mod:build", "no module named")
+    one_line_error("json:loads", "build() raised TypeError")
+
+
+def test_unknown_zoo_and_settings():
+    one_line_error("resnet9000", "not a zoo model")
+    one_line_error("gpt2", "no setting wings", overrides={"wings": 2})
+    one_line_error("gpt2", "no size", size="enormous")
+
+
+def test_cuda_requested_without_gpu_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    lm = load_spec("mlp", size="tiny")
+    with pytest.raises(CaptureError, match="no CUDA device") as info:
+        prepare(lm, CapturePlan(device="cuda"))
+    assert "\n" not in str(info.value)
+
+
+def test_model_is_moved_to_the_requested_dtype():
+    lm = prepare(load_spec("gpt2", size="tiny"), CapturePlan(dtype="float64"))
+    assert {p.dtype for p in lm.model.parameters()} == {torch.float64}
+    assert lm.inputs[0].dtype == torch.int64  # token ids keep their integer dtype
+
+
+def test_loss_rules():
+    class Out:
+        loss = torch.tensor(3.0)
+
+    assert loss_of(Out()).item() == 3.0
+    assert loss_of(torch.tensor(2.0)).item() == 2.0
+    assert loss_of((torch.tensor([1.0, 3.0]), torch.tensor(9.0))).item() == 2.0
+    assert loss_of({"logits": torch.tensor([[4.0, 6.0]])}).item() == 5.0
+    with pytest.raises(TypeError):
+        loss_of((torch.tensor([1, 2]),))
+
+
+def test_hf_without_transformers_says_so(monkeypatch):
+    monkeypatch.setattr(hf.importlib.util, "find_spec", lambda name: None)
+    msg = one_line_error("hf:gpt2", "'transformers' is not installed")
+    assert isinstance(SpecError(msg), FusionLensError)
+    one_line_error("hf:nonexistent", "unknown Hugging Face model")
+
+
+def test_hf_model_from_config_when_installed():
+    pytest.importorskip("transformers")
+    lm = load_spec("hf:llama", size="tiny")
+    assert type(lm.model).__name__ == "LlamaForCausalLM"
+    assert loss_of(lm.call()).dim() == 0
