@@ -138,3 +138,21 @@ def test_modules_from_nn_module_scopes_by_containment_and_external_id():
         "aten::mm": "Linear", "aten::add": "Block", "aten::relu": None, "gemm": "Linear"}
     linear = res.by_module.set_index("module").loc["Linear"]
     assert linear["count"] == 2 and math.isclose(linear["dur_us"], 55.0)
+
+
+def test_real_uploaded_trace_excludes_every_row_with_a_count():
+    """An uploaded H100 trace: table ceilings from its deviceProperties, no FLOPs -> all excluded."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from profiler.trace import load_trace
+
+    path = Path(__file__).resolve().parents[2] / "data" / "traces" / "tracelens_h100_bert_small.json.gz"
+    with gzip.open(path, "rt") as fh:
+        raw = json.load(fh)
+    expected = sum(1 for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "kernel"))
+    res = roofline(load_trace(path))
+    assert res.ceilings.source == "table:H100-SXM5-80GB"
+    assert res.points.empty and res.excluded["no_flops_or_bytes"] == expected > 0
+    assert "uploaded traces" in res.reason
