@@ -226,3 +226,55 @@ RAW_KINDS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "gpu_memcpy",
 def raw_gpu(name: str) -> list[dict]:
     """Raw kernel/memcpy/memset events with `kind` normalised (2021 spellings mapped)."""
     return [dict(e, kind=RAW_KINDS[e.get("cat")]) for e in raw_events(name) if e.get("cat") in RAW_KINDS]
+
+
+def columnar_trace(n_kernels: int, n_steps: int = 4, seed: int = 0):
+    """A one-rank Trace built straight from columns (no JSON): `n_kernels` kernels over 5 names
+    (one a collective) on 2 streams, each with a `cudaLaunchKernel` and a `cpu_op`, 200 memcpys,
+    and `n_steps` ProfilerSteps. For scaling checks: cost must not grow with Python calls per event."""
+    import numpy as np
+    import pandas as pd
+
+    from profiler.trace.model import Trace
+    from profiler.trace.schema import COLUMNS
+
+    rng = np.random.default_rng(seed)
+    n, n_copies = n_kernels, 200
+    kernel_names = np.array(["sm80_xmma_gemm_f16", "vectorized_elementwise_kernel", "ncclDevKernel_AllReduce_Sum",
+                             "reduce_kernel", "softmax_warp_forward"])
+    k_ts = np.cumsum(rng.uniform(1.0, 20.0, n))
+    rt_ts = k_ts - rng.uniform(5.0, 50.0, n)
+    span = float(k_ts[-1] + 100.0)
+    kind = np.array(["kernel"] * n + ["cuda_runtime"] * n + ["cpu_op"] * n + ["gpu_memcpy"] * n_copies
+                    + ["user_annotation"] * n_steps)
+    name = np.concatenate([kernel_names[rng.integers(0, 5, n)], np.full(n, "cudaLaunchKernel"), np.full(n, "aten::op"),
+                           np.full(n_copies, "Memcpy HtoD (Pageable -> Device)"),
+                           np.array([f"ProfilerStep#{i}" for i in range(n_steps)])])
+    ts = np.concatenate([k_ts, rt_ts, rt_ts - 2.0, rng.uniform(0.0, span, n_copies), np.linspace(0.0, span, n_steps + 1)[:-1]])
+    dur = np.concatenate([rng.uniform(1.0, 30.0, n), np.full(n, 3.0), np.full(n, 8.0), np.full(n_copies, 5.0),
+                          np.full(n_steps, span / n_steps)])
+    m = len(kind)
+    gpu = np.isin(kind, ["kernel", "gpu_memcpy"])
+    corr = np.concatenate([np.arange(n), np.arange(n), np.zeros(n), np.arange(n_copies) + n, np.zeros(n_steps)])
+
+    def col(values, dtype, mask=None):
+        s = pd.Series(values).astype(dtype)
+        return s.mask(~mask) if mask is not None else s
+
+    ev = {c: pd.Series([None] * m, dtype="object").astype(d) if d in ("category", "string")
+          else pd.Series(np.full(m, np.nan)).astype(d) if d == "float64"
+          else pd.Series(pd.array([pd.NA] * m, dtype=d)) if d[0] in "IU"
+          else pd.Series(np.zeros(m)).astype(d) for c, (d, _) in COLUMNS.items()}
+    ev.update(kind=pd.Series(pd.Categorical(kind)), name=pd.Series(pd.Categorical(name)), ts_us=pd.Series(ts - ts.min()),
+              dur_us=pd.Series(dur), device=col(np.zeros(m), "Int16", gpu),
+              stream=col(np.where(np.arange(m) % 2 == 0, 7, 8), "Int32", gpu),
+              correlation=col(corr, "Int64", gpu | (kind == "cuda_runtime")),
+              occupancy_pct=pd.Series(np.where(kind == "kernel", 40.0, np.nan)),
+              bytes=col(np.full(m, 1 << 20), "Int64", kind == "gpu_memcpy"))
+    for g in ("grid_x", "block_x"):
+        ev[g] = col(np.full(m, 64), "Int32", kind == "kernel")
+    for g in ("grid_y", "grid_z", "block_y", "block_z"):
+        ev[g] = col(np.ones(m), "Int32", kind == "kernel")
+    events = pd.DataFrame({c: ev[c] for c in COLUMNS})
+    props = ({"id": 0, "numSms": 108},)
+    return Trace(events, {"ranks": (0,), "device_properties": props, "per_rank": {0: {"device_properties": props}}})
