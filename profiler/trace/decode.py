@@ -60,14 +60,14 @@ def _top_level(payload: Payload) -> tuple[Any, Any]:
         raise TraceError(f"{label}: empty file")
     try:
         doc = DOC_DECODER.decode(buf)
-    except msgspec.DecodeError as exc:
-        raise _json_error(label, buf, exc) from None
-    except msgspec.ValidationError as exc:
+    except msgspec.ValidationError as exc:  # (a subclass of DecodeError: catch it first)
         if "got `array`" in str(exc) and "$." not in str(exc):
             return None, memoryview(buf)  # Chrome's JSON Array Format: the top level is the events
         kind = str(exc).split("got `")[-1].split("`")[0] if "got `" in str(exc) else "something else"
         raise TraceError(f"{label}: JSON that is not a trace: the top level is {kind!s}, not an object "
                          "with traceEvents") from None
+    except msgspec.DecodeError as exc:
+        raise _json_error(label, buf, exc) from None
     view = memoryview(doc.traceEvents)
     if view.nbytes == 0:
         raise TraceError(f"{label}: JSON that is not a trace: no traceEvents list")

@@ -1,0 +1,153 @@
+"""Bad input: one TraceError with one human line naming the file; bad events skipped and counted."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import time
+import zipfile
+
+import pytest
+
+from profiler.trace import TraceError, load_trace
+from tests.profiler.trace.conftest import trace_named
+
+
+def _kernel(i, **over):
+    e = {"ph": "X", "cat": "kernel", "name": f"k{i % 3}", "pid": 0, "tid": 7, "ts": 1000.0 + 10 * i,
+         "dur": 5.0, "args": {"device": 0, "stream": 7, "correlation": i}}
+    e.update(over)
+    return e
+
+
+def _write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def _error(source, **kw) -> str:
+    with pytest.raises(TraceError) as info:
+        load_trace(source, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and len(msg) < 400
+    return msg
+
+
+@pytest.mark.parametrize("content", [b"", b"  \n\t "])
+def test_empty_file(tmp_path, content):
+    path = _write(tmp_path, "empty.json", content)
+    msg = _error(path)
+    assert "empty.json" in msg and "empty" in msg
+
+
+def test_empty_bytes_and_file_like():
+    assert "empty" in _error(b"")
+    assert "empty" in _error(io.BytesIO(b""))
+
+
+@pytest.mark.parametrize("text", ['{"traceEvents": [', '{"traceEvents": [}', "{'traceEvents': []}", "nul"])
+def test_invalid_json(tmp_path, text):
+    msg = _error(_write(tmp_path, "bad.json", text))
+    assert "bad.json" in msg and "invalid JSON" in msg
+
+
+def test_nan_is_not_json(tmp_path):
+    text = json.dumps({"traceEvents": [_kernel(0, dur=float("nan"))]})  # Python writes NaN
+    msg = _error(_write(tmp_path, "nan.json", text))
+    assert "NaN" in msg and "nan.json" in msg
+
+
+@pytest.mark.parametrize("doc,words", [({"foo": 1}, "no traceEvents"), (42, "not a trace"),
+                                       ("text", "not a trace"), ({"traceEvents": 5}, "not a list"),
+                                       ({"traceEvents": {"a": 1}}, "not a list")])
+def test_json_that_is_not_a_trace(tmp_path, doc, words):
+    msg = _error(_write(tmp_path, "other.json", json.dumps(doc)))
+    assert "other.json" in msg and words in msg
+
+
+def test_array_of_non_events_is_not_a_trace(tmp_path):
+    msg = _error(_write(tmp_path, "nums.json", json.dumps([1, 2, 3])))
+    assert "nums.json" in msg and "unreadable" in msg
+
+
+def test_truncated_gzip(tmp_path):
+    data = trace_named("tracelens_h100_bert_small").read_bytes()
+    msg = _error(_write(tmp_path, "cut.json.gz", data[: len(data) // 2]))
+    assert "cut.json.gz" in msg and "truncated gzip" in msg
+
+
+def test_corrupt_gzip(tmp_path):
+    data = bytearray(gzip.compress(json.dumps({"traceEvents": [_kernel(i) for i in range(100)]}).encode()))
+    data[20:40] = b"\xff" * 20
+    msg = _error(_write(tmp_path, "corrupt.json.gz", bytes(data)))
+    assert "corrupt.json.gz" in msg and "gzip" in msg
+
+
+def test_a_handful_of_bad_events_are_skipped_and_counted(tmp_path):
+    events = [_kernel(i) for i in range(100)]
+    events[3]["ts"] = "soon"  # wrong type
+    del events[5]["dur"]  # missing field
+    events[7]["name"] = 12  # wrong type
+    events[9]["dur"] = -4.0  # absurd: negative duration
+    events[11]["args"]["correlation"] = 2**70  # integer beyond int64
+    events[13]["ts"] = 1e300  # absurd timestamp
+    events.append(17)  # not an object
+    tr = load_trace(_write(tmp_path, "some_bad.json", json.dumps({"traceEvents": events})))
+    assert len(tr.events) == 94 and tr.meta["skipped_events"] == 7
+    reasons = tr.meta["skipped_reasons"]
+    assert sum(reasons.values()) == 7 and reasons["negative dur"] == 1
+    assert any("ts" in r for r in reasons) and any("correlation" in r for r in reasons)
+    assert any("absurd" in r for r in reasons) and any("name" in r for r in reasons)
+    assert set(tr.events["correlation"].astype(int)) == set(range(100)) - {3, 5, 7, 9, 11, 13}
+
+
+def test_mostly_bad_events_fail_the_file(tmp_path):
+    events = [_kernel(i, dur=-1.0) for i in range(30)] + [_kernel(99)]
+    msg = _error(_write(tmp_path, "absurd.json", json.dumps({"traceEvents": events})))
+    assert "absurd.json" in msg and "30 of 31" in msg and "negative dur" in msg
+
+
+def test_integers_beyond_int64_everywhere_fail(tmp_path):
+    events = [_kernel(i, pid=2**64 + i) for i in range(20)]
+    msg = _error(_write(tmp_path, "huge.json", json.dumps({"traceEvents": events})))
+    assert "huge.json" in msg and "pid" in msg
+
+
+def test_decompression_bomb_is_refused_quickly(tmp_path):
+    bomb = gzip.compress(b'{"traceEvents": [' + b" " * (64 << 20) + b"]}", compresslevel=1)
+    path = _write(tmp_path, "bomb.json.gz", bomb)
+    t0 = time.perf_counter()
+    msg = _error(path, max_decompressed_bytes=4 << 20)
+    assert time.perf_counter() - t0 < 5.0
+    assert "bomb.json.gz" in msg and "exceeds the limit" in msg
+
+
+def test_plain_file_over_the_limit_is_refused(tmp_path):
+    path = _write(tmp_path, "big.json", json.dumps({"traceEvents": [_kernel(i) for i in range(2000)]}))
+    assert "exceeds the limit" in _error(path, max_decompressed_bytes=10_000)
+
+
+def test_zip_bomb_member_is_refused(tmp_path):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("rank0.json", b'{"traceEvents": [' + b" " * (32 << 20) + b"]}")
+    msg = _error(_write(tmp_path, "bomb.zip", buf.getvalue()), max_decompressed_bytes=1 << 20)
+    assert "bomb.zip!rank0.json" in msg and "exceeds the limit" in msg
+
+
+@pytest.mark.parametrize("member", ["../evil.json", "/etc/evil.json", "a/../../evil.json", "C:\\evil.json"])
+def test_zip_member_paths_outside_are_refused(tmp_path, member):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("ok.json", json.dumps({"traceEvents": [_kernel(0)]}))
+        zf.writestr(member, json.dumps({"traceEvents": [_kernel(0)]}))
+    msg = _error(_write(tmp_path, "paths.zip", buf.getvalue()))
+    assert "paths.zip" in msg and "absolute or '..' path" in msg
+
+
+def test_missing_file_and_unreadable_source(tmp_path):
+    assert "no such file" in _error(tmp_path / "nope.json")
+    assert "cannot read a trace" in _error(12345)
+    assert "no trace given" in _error([])
+    assert "holds no" in _error(tmp_path)  # an empty directory

@@ -1,0 +1,60 @@
+"""`python -m profiler summary` as a user runs it: exit codes, one-line errors, JSON keys and values."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.profiler.trace.conftest import raw_truth, trace_named
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "profiler", "summary", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_summary_json_matches_raw(tmp_path):
+    path = trace_named("hta_v100_ns_resolution")
+    out = tmp_path / "s.json"
+    proc = _run(path, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "kernels:" in proc.stdout
+    s = json.loads(out.read_text())
+    truth = raw_truth(path)
+    assert {"events", "kernel_count", "kernel_total_us", "streams", "ranks", "span_us", "skipped_events"} <= set(s)
+    assert s["kernel_count"] == truth["kernel_count"]
+    assert s["kernel_total_us"] == pytest.approx(truth["kernel_total_us"], rel=1e-12)
+    assert s["streams"] == len(truth["streams"]) and s["ranks"] == [truth["rank"]]
+    assert s["span_us"] == truth["last_end_rel"] and s["events"] == len(truth["kept"])
+    assert s["skipped_events"] == 0
+
+
+def test_summary_of_two_ranks(tmp_path):
+    a, b = trace_named("hta_a100_rank0of2_nccl"), trace_named("hta_v100_rank1of2")
+    out = tmp_path / "two.json"
+    proc = _run(a, b, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(out.read_text())
+    assert s["ranks"] == [0, 1]
+    assert s["kernel_count"] == raw_truth(a)["kernel_count"] + raw_truth(b)["kernel_count"]
+    assert s["streams"] == len(raw_truth(a)["streams"] | raw_truth(b)["streams"])
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"x": 1}'])
+def test_bad_input_exits_2_with_one_line(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    proc = _run(path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.json" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_missing_file_exits_2(tmp_path):
+    proc = _run(tmp_path / "missing.json.gz")
+    assert proc.returncode == 2 and "no such file" in proc.stderr

@@ -1,0 +1,122 @@
+"""Several ranks (lists, directories, zips), bytes and file-likes, rank rules and clock alignment."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import zipfile
+
+import numpy as np
+import pytest
+
+from profiler.trace import TraceError, load_trace
+from tests.profiler.trace.conftest import loaded, raw_truth, trace_named
+
+RANK0 = trace_named("hta_a100_rank0of2_nccl")  # distributedInfo.rank = 0
+RANK1 = trace_named("hta_v100_rank1of2")  # distributedInfo.rank = 1
+NO_RANK_A = trace_named("tracelens_h100_bert_small")
+NO_RANK_B = trace_named("hta_mi250")
+
+
+def _kernels_by_rank(tr):
+    k = tr.events[tr.events["kind"] == "kernel"]
+    return k.groupby("rank")["dur_us"].agg(["count", "sum"])
+
+
+def test_two_ranks_align_on_the_earliest_event():
+    tr = load_trace([RANK1, RANK0])
+    t0 = min(raw_truth(RANK0)["first_ts"], raw_truth(RANK1)["first_ts"])
+    assert tr.ranks == (0, 1) and tr.meta["t0_us"] == t0
+    assert tr.events["ts_us"].min() == 0.0
+    per = _kernels_by_rank(tr)
+    for rank, path in ((0, RANK0), (1, RANK1)):
+        assert per.loc[rank, "count"] == raw_truth(path)["kernel_count"]
+        assert per.loc[rank, "sum"] == pytest.approx(raw_truth(path)["kernel_total_us"], rel=1e-12)
+        ts = np.sort(tr.events.loc[tr.events["rank"] == rank, "ts_us"].to_numpy() + t0)
+        assert np.array_equal(ts, np.sort([e["ts"] for e in raw_truth(path)["kept"]]))
+        assert tr.meta["per_rank"][rank]["source"] == str(path)
+        assert tr.meta["per_rank"][rank]["rank_source"] == "distributedInfo.rank"
+    assert tr.meta["sources"] == (str(RANK1), str(RANK0))
+
+
+def test_same_rank_twice_is_an_error(tmp_path):
+    copy = tmp_path / "again.json.gz"
+    shutil.copy(RANK0, copy)
+    msg = str(pytest.raises(TraceError, load_trace, [RANK0, copy]).value)
+    assert "both claim rank 0" in msg and "again.json.gz" in msg
+
+
+def test_files_without_rank_get_the_lowest_free_rank():
+    tr = load_trace([NO_RANK_A, RANK0, NO_RANK_B])
+    assert tr.ranks == (0, 1, 2)
+    assert tr.meta["per_rank"][0]["source"] == str(RANK0)
+    assert tr.meta["per_rank"][1]["source"] == str(NO_RANK_A)
+    assert tr.meta["per_rank"][2]["rank_source"].startswith("default")
+
+
+def test_rank_override():
+    tr = load_trace([NO_RANK_A, NO_RANK_B], rank=[5, 3])
+    assert tr.ranks == (3, 5) and tr.meta["per_rank"][5]["source"] == str(NO_RANK_A)
+    with pytest.raises(TraceError):
+        load_trace([NO_RANK_A, NO_RANK_B], rank=[1, 1])
+    with pytest.raises(TraceError):
+        load_trace([NO_RANK_A, NO_RANK_B], rank=4)
+
+
+def test_directory_of_ranks(tmp_path):
+    shutil.copy(RANK0, tmp_path / "r0.json.gz")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "r1.json").write_bytes(gzip.decompress(RANK1.read_bytes()))
+    (tmp_path / "notes.txt").write_text("not a trace")
+    tr = load_trace(tmp_path)
+    assert tr.ranks == (0, 1) and len(tr.events) == len(loaded(RANK0).events) + len(loaded(RANK1).events)
+
+
+def test_zip_of_ranks(tmp_path):
+    path = tmp_path / "ranks.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("run/rank0.json.gz", RANK0.read_bytes())
+        zf.writestr("run/rank1.json", gzip.decompress(RANK1.read_bytes()))
+        zf.writestr("run/README.txt", "ignored")
+    for source in (path, path.read_bytes(), io.BytesIO(path.read_bytes())):
+        tr = load_trace(source)
+        assert tr.ranks == (0, 1)
+        assert _kernels_by_rank(tr)["count"].tolist() == [raw_truth(RANK0)["kernel_count"],
+                                                          raw_truth(RANK1)["kernel_count"]]
+    assert load_trace(path).meta["sources"][0].endswith("ranks.zip!run/rank0.json.gz")
+
+
+def test_bytes_file_like_and_plain_json_agree():
+    ref = loaded(NO_RANK_A)
+    raw_gz = NO_RANK_A.read_bytes()
+    for source in (raw_gz, gzip.decompress(raw_gz), io.BytesIO(raw_gz), bytearray(gzip.decompress(raw_gz))):
+        tr = load_trace(source)
+        assert tr.events.equals(ref.events)
+        assert tr.meta["t0_us"] == ref.meta["t0_us"]
+
+
+def test_chrome_array_format_and_events_without_args(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 5, "dur": 2},
+              {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": "stream 3", "ts": 6.5, "dur": 1}]
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps(events))
+    tr = load_trace(path)
+    assert len(tr.events) == 2 and tr.meta["t0_us"] == 5.0
+    k = tr.events[tr.events["kind"] == "kernel"].iloc[0]
+    assert k["stream"] == 3 and k["device"] == 0 and k["ts_us"] == 1.5
+
+
+def test_many_chunks_with_boundaries_inside_strings(tmp_path, monkeypatch):
+    """Chunk splits that land inside an event or a string are widened, never mis-decoded."""
+    import profiler.trace.decode as decode
+
+    monkeypatch.setattr(decode, "CHUNK_BYTES", 300)
+    events = [{"ph": "X", "cat": "cpu_op", "name": "op}, {" + str(i), "pid": 1, "tid": 1, "ts": i, "dur": 1,
+               "args": {"Input Dims": [[i, 2], []], "nested": [{"a": 1}, {"b": 2}]}} for i in range(400)]
+    path = tmp_path / "chunks.json"
+    path.write_text(json.dumps({"traceEvents": events}, indent=1))
+    tr = load_trace(path)
+    assert len(tr.events) == 400 and tr.meta["skipped_events"] == 0
+    assert sorted(tr.events["name"].astype(str)) == sorted(e["name"] for e in events)
+    assert set(tr.events["input_dims"]) == {f"[[{i},2],[]]" for i in range(400)}
