@@ -175,9 +175,9 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
             wrap_model: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None) -> CaptureResult:
     """Profile `spec` per `plan`; the raw trace goes to `out_dir`. Raises SpecError / CaptureError."""
     say = progress or (lambda done, total, msg: None)
+    backend = get_backend(plan.backend)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend = get_backend(plan.backend)
     t0 = time.perf_counter()
     say(0, plan.steps, "building the model")
     loaded = spec if isinstance(spec, LoadedModel) else load_spec(spec, size=size, batch=batch, overrides=overrides)

@@ -1,0 +1,77 @@
+"""Runner pieces: backend registry, plan validation, NVML clock mapping, Parquet round trip,
+heavier profiler modes, and the degradation paths on a machine without a GPU."""
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from profiler.capture import backends
+from profiler.capture.artifacts import load_saved_trace, save_trace
+from profiler.capture.backends import CaptureError, CapturePlan, register_backend
+from profiler.capture.runner import capture, nvml_counters
+from profiler.trace.model import Trace, TraceError, empty_frame
+from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS
+
+
+def test_backend_registry_rejects_duplicates_and_unknown_names():
+    backends.load_builtin_backends()
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend("kineto")(lambda *a, **k: None)
+    with pytest.raises(CaptureError, match="unknown capture backend 'nope'"):
+        backends.get_backend("nope")
+    assert backends.available_backends()["kineto"] is None
+
+
+def test_plan_validates():
+    assert CapturePlan(wait=2, warmup=1, active=4).steps == 7
+    for bad in (dict(mode="fly"), dict(device="tpu"), dict(active=0), dict(wait=-1), dict(dtype="int8")):
+        with pytest.raises(CaptureError):
+            CapturePlan(**bad)
+
+
+def test_cupti_backend_degrades_with_a_reason_here(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    reason = backends.unavailable_reason("cupti")
+    assert reason and "\n" not in reason
+    with pytest.raises(CaptureError):
+        capture("mlp", CapturePlan(device="cuda", backend="cupti"), tmp_path / "out", size="tiny")
+    assert not (tmp_path / "out").exists()
+
+
+def test_nvml_samples_map_onto_the_trace_clock(tmp_path):
+    base_ns = 1_790_000_000_000_000_000
+    raw = tmp_path / "k.json"
+    raw.write_text(json.dumps({"baseTimeNanoseconds": base_ns, "traceEvents": []}))
+    trace = Trace(empty_frame(COLUMNS), {"t0_us": 5_000.0})
+    epoch_us = base_ns / 1e3 + 5_000.0 + 250.0  # 250 µs after the trace's first event
+    samples = pd.DataFrame({"rank": [0], "ts_us": [epoch_us], "device": [0], "name": ["sm_clock_mhz"],
+                            "value": [1980.0]}).astype(COUNTER_COLUMNS)
+    out = nvml_counters(samples, raw, trace)
+    assert math.isclose(out["ts_us"].iloc[0], 250.0, abs_tol=1e-3)
+
+
+def test_parquet_round_trip_and_damaged_folder(tmp_path):
+    res = capture("cnn", CapturePlan(mode="infer", wait=0, warmup=0, active=1), tmp_path / "c", size="tiny")
+    save_trace(res.trace, tmp_path / "saved")
+    back = load_saved_trace(tmp_path / "saved")
+    pd.testing.assert_frame_equal(back.events, res.trace.events)
+    assert back.meta["capture"]["spec"] == "cnn"
+    (tmp_path / "saved" / "events.parquet").write_bytes(b"not parquet")
+    with pytest.raises(TraceError):
+        load_saved_trace(tmp_path / "saved")
+
+
+def test_memory_and_stack_modes(tmp_path):
+    plan = CapturePlan(mode="train", wait=0, warmup=0, active=1, profile_memory=True, with_stack=True)
+    res = capture("mlp", plan, tmp_path, size="tiny")
+    assert len(res.trace.memory) > 0  # [memory] instant events were recorded
+    assert (res.trace.events["kind"] == "python_function").any()  # stacks were recorded
+
+
+def test_flops_pass_can_be_turned_off(tmp_path):
+    res = capture("mlp", CapturePlan(mode="infer", wait=0, warmup=0, active=1, flops=False), tmp_path, size="tiny")
+    assert res.trace.events["flops"].isna().all()
+    assert "turned off" in res.sources_off["flops"]
