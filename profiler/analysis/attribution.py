@@ -26,6 +26,7 @@ STEP_PREFIX = "ProfilerStep#"
 LAUNCH_KINDS = ("cuda_runtime", "cuda_driver")
 SCOPE_KINDS = ("op", "annotation", "module")  # codes 0, 1, 2
 PATH_SEP = " > "
+LINKS = ("external_id", "containment", "none")
 THREAD_KEYS = ["rank", "pid", "tid"]
 
 
@@ -115,11 +116,11 @@ def _launch_links(ev: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
     """Per GPU row: its launch call (name, kind, ts, thread, External id) by (rank, correlation)."""
     launch = ev.loc[ev["kind"].isin(LAUNCH_KINDS) & ev["correlation"].notna(),
                     THREAD_KEYS + ["correlation", "name", "kind", "ts_us", "external_id"]]
-    launch = launch.drop_duplicates(["rank", "correlation"])
+    launch = launch.drop_duplicates(["rank", "correlation"])  # one launch per correlation
     launch = launch.rename(columns={"name": "launch_name", "kind": "launch_kind", "ts_us": "launch_ts_us",
                                     "external_id": "launch_external_id", "pid": "launch_pid", "tid": "launch_tid"})
     left = gpu[["rank", "correlation"]].reset_index(drop=True)
-    return left.merge(launch, on=["rank", "correlation"], how="left", validate="many_to_one")
+    return left.merge(launch, on=["rank", "correlation"], how="left")
 
 
 def _leaf_by_external_id(scopes: pd.DataFrame, code_sorted_pos: np.ndarray, is_op: np.ndarray,
@@ -132,7 +133,7 @@ def _leaf_by_external_id(scopes: pd.DataFrame, code_sorted_pos: np.ndarray, is_o
     q = pd.DataFrame({"rank": rank, "external_id": ext.to_numpy()})
     q["external_id"] = q["external_id"].astype("Int64")
     ops["external_id"] = ops["external_id"].astype("Int64")
-    got = q.merge(ops, on=["rank", "external_id"], how="left", validate="many_to_one")["pos"]
+    got = q.merge(ops, on=["rank", "external_id"], how="left")["pos"]
     return got.fillna(-1).to_numpy(np.int64)
 
 
@@ -176,27 +177,63 @@ def attribution(trace) -> Attribution:
     nearest_mod = nesting.propagate_down(nest, np.where(kind_sorted == 2, np.arange(n), -1))
     top_op = _outermost(nest, kind_sorted == 0)
 
-    # Interned label paths over (scope kind, name code): strings only per distinct name.
-    name_cat = scopes["name"].astype("category") if not isinstance(scopes["name"].dtype, pd.CategoricalDtype) else scopes["name"]
+    # Everything below works on integer codes; strings exist once per distinct name or path.
+    name_cat = scopes["name"] if isinstance(scopes["name"].dtype, pd.CategoricalDtype) else scopes["name"].astype("category")
     cats = np.asarray(name_cat.cat.categories.astype(str), dtype=object)
     cat_text = np.asarray(pd.Index(cats, dtype=object).str.removeprefix(MODULE_PREFIX), dtype=object)
     codes_sorted = name_cat.cat.codes.to_numpy(np.int64)[nest.order]
     n_cats = max(len(cats), 1)
-    names_sorted = _pick(cats, codes_sorted)
-    text = _pick(cat_text, codes_sorted)
     label_codes = kind_sorted.astype(np.int64) * n_cats + np.maximum(codes_sorted, 0)
     path, p_parent, p_label, p_depth = _path_ids(nest, label_codes, 3 * n_cats)
     p_text = _pick(cat_text, p_label % n_cats)
     p_kind = np.asarray(SCOPE_KINDS, dtype=object)[p_label // n_cats]
     p_str = _path_strings(p_parent, p_text, p_depth)
-    mod_path = _module_paths(nest, kind_sorted == 2, text, nearest_mod)
+    mod_code, mod_strings = _module_paths(nest, kind_sorted == 2, _pick(cat_text, codes_sorted), nearest_mod)
 
-    kernels = _kernel_frame(gpu, links, leaf, link, nest, scopes, names_sorted, nearest_op, top_op,
-                            nearest_mod, text, mod_path, path, p_str)
-    ops, ops_by_dims = _op_tables(nest, scopes, kind_sorted, names_sorted, leaf, nearest_op,
-                                  kernels["dur_us"].to_numpy(np.float64))
-    tree = _tree(path, p_parent, p_kind, p_text, p_depth, p_str, leaf, kernels)
+    op = _at(nearest_op, leaf)
+    mod = _at(nearest_mod, leaf)
+    kernels = pd.DataFrame({
+        "event_index": gpu.index.to_numpy(),
+        "rank": gpu["rank"].to_numpy(),
+        "kind": gpu["kind"].array,
+        "name": gpu["name"].array,
+        "kernel_type": kernel_type(gpu).array,
+        "stream": gpu["stream"].array,
+        "ts_us": gpu["ts_us"].to_numpy(),
+        "dur_us": gpu["dur_us"].to_numpy(),
+        "step": gpu["step"].array,
+        "correlation": gpu["correlation"].array,
+        "launch_name": links["launch_name"].astype("category").array,
+        "launch_ts_us": links["launch_ts_us"].to_numpy(np.float64, na_value=np.nan),
+        "link": pd.Categorical.from_codes(np.where(leaf_ext >= 0, 0, np.where(leaf_cont >= 0, 1, 2)), LINKS),
+        "op": _categorical(_at(codes_sorted, op), cats),
+        "op_index": _at(scopes.index.to_numpy()[nest.order], op),
+        "op_input_dims": scopes["input_dims"].array.take(np.where(op >= 0, nest.order[np.maximum(op, 0)], -1), allow_fill=True),
+        "top_op": _categorical(_at(codes_sorted, _at(top_op, leaf)), cats),
+        "module": _categorical(_at(codes_sorted, mod), cat_text),
+        "module_path": _categorical(_at(mod_code, mod), mod_strings),
+        "scope_path": _categorical(_at(path, leaf), p_str),
+    })
+    dur = kernels["dur_us"].to_numpy(np.float64)
+    ops, ops_by_dims = _op_tables(nest, scopes, kind_sorted, codes_sorted, cats, op, dur)
+    kname = gpu["name"] if isinstance(gpu["name"].dtype, pd.CategoricalDtype) else gpu["name"].astype("category")
+    tree = _tree(path, p_parent, p_kind, p_text, p_depth, p_str, _at(path, leaf), dur,
+                 kname.cat.codes.to_numpy(np.int64), np.asarray(kname.cat.categories.astype(str), dtype=object))
     return Attribution(kernels=kernels, tree=tree, ops=ops, ops_by_dims=ops_by_dims)
+
+
+def _at(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """values[idx] for integer arrays, -1 where idx < 0 (or where values is empty)."""
+    if len(values) == 0:
+        return np.full(len(idx), -1, np.int64)
+    return np.where(idx >= 0, np.asarray(values, np.int64)[np.maximum(idx, 0)], -1)
+
+
+def _categorical(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
+    """Categorical from codes into `labels` (labels may repeat; -1 = missing)."""
+    remap, uniq = pd.factorize(pd.Index(np.asarray(labels, dtype=object), dtype=object))
+    c = np.where(codes >= 0, remap[np.maximum(codes, 0)], -1) if len(labels) else np.full(len(codes), -1)
+    return pd.Categorical.from_codes(c, categories=pd.Index(uniq, dtype=object))
 
 
 def _outermost(nest: nesting.Nest, is_op: np.ndarray) -> np.ndarray:
@@ -209,121 +246,83 @@ def _outermost(nest: nesting.Nest, is_op: np.ndarray) -> np.ndarray:
     return out
 
 
-def _module_paths(nest: nesting.Nest, is_mod: np.ndarray, text: np.ndarray, nearest_mod: np.ndarray) -> np.ndarray:
-    """'A > B > C' module path per module scope (sorted positions); '' elsewhere."""
+def _module_paths(nest: nesting.Nest, is_mod: np.ndarray, text: np.ndarray,
+                  nearest_mod: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Module path ('A > B > C') per module scope as (code per sorted scope, -1 elsewhere; strings)."""
     out = np.full(len(is_mod), "", dtype=object)
-    for d in range(nest.max_depth + 1):
+    for d in range(nest.max_depth + 1):  # one iteration per depth level
         here = np.flatnonzero((nest.depth == d) & is_mod)
         par = nest.parent[here]
         up = np.where(par >= 0, nearest_mod[np.maximum(par, 0)], -1)
         prefix = np.where(up >= 0, out[np.maximum(up, 0)], "")
         out[here] = np.where(up >= 0, prefix + PATH_SEP, "") + text[here]
-    return out
+    codes, uniq = pd.factorize(pd.Index(out[is_mod], dtype=object))
+    code = np.full(len(is_mod), -1, np.int64)
+    code[is_mod] = codes
+    return code, np.asarray(uniq, dtype=object)
 
 
 def _pick(values: np.ndarray, idx: np.ndarray, missing=None) -> np.ndarray:
-    """values[idx] with `missing` where idx < 0."""
+    """values[idx] (object) with `missing` where idx < 0."""
     if len(values) == 0:
         return np.full(len(idx), missing, dtype=object)
-    got = values[np.maximum(idx, 0)].astype(object)
+    got = np.asarray(values, dtype=object)[np.maximum(idx, 0)]
     got[idx < 0] = missing
     return got
 
 
-def _kernel_frame(gpu, links, leaf, link, nest, scopes, names_sorted, nearest_op, top_op, nearest_mod,
-                  text, mod_path, path, p_str) -> pd.DataFrame:
-    op = _pick(nearest_op, leaf, -1).astype(np.int64) if len(nearest_op) else np.full(len(leaf), -1)
-    top = _pick(top_op, leaf, -1).astype(np.int64) if len(top_op) else np.full(len(leaf), -1)
-    mod = _pick(nearest_mod, leaf, -1).astype(np.int64) if len(nearest_mod) else np.full(len(leaf), -1)
-    scope_index = scopes.index.to_numpy()[nest.order]
-    dims_sorted = scopes["input_dims"].to_numpy(dtype=object)[nest.order]
-    leaf_path = _pick(path, leaf, -1).astype(np.int64) if len(path) else np.full(len(leaf), -1)
-    out = pd.DataFrame({
-        "event_index": gpu.index.to_numpy(),
-        "rank": gpu["rank"].to_numpy(),
-        "kind": gpu["kind"].astype(str).to_numpy(),
-        "name": gpu["name"].to_numpy(),
-        "kernel_type": kernel_type(gpu).to_numpy(),
-        "stream": gpu["stream"].to_numpy(),
-        "ts_us": gpu["ts_us"].to_numpy(),
-        "dur_us": gpu["dur_us"].to_numpy(),
-        "step": gpu["step"].to_numpy(),
-        "correlation": gpu["correlation"].to_numpy(),
-        "launch_name": links["launch_name"].to_numpy(),
-        "launch_ts_us": links["launch_ts_us"].to_numpy(np.float64, na_value=np.nan),
-        "link": link,
-        "op": _pick(names_sorted, op),
-        "op_index": _pick(scope_index, op, -1).astype(np.int64),
-        "op_input_dims": _pick(dims_sorted, op),
-        "top_op": _pick(names_sorted, top),
-        "module": _pick(text, mod),
-        "module_path": _pick(mod_path, mod),
-        "scope_path": _pick(p_str, leaf_path),
-    })
-    for col in ("op", "top_op", "module", "launch_name"):
-        out[col] = out[col].astype("category")
-    return out
-
-
-def _op_tables(nest, scopes, kind_sorted, names_sorted, leaf, nearest_op, dur) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _op_tables(nest, scopes, kind_sorted, codes_sorted, cats, op_leaf, dur) -> tuple[pd.DataFrame, pd.DataFrame]:
     """cpu_op table per name and per (name, input dims): calls, CPU and device self/total µs."""
     n = len(nest.order)
     span = nest.end - nest.start
     child = np.zeros(n)
     has_par = nest.parent >= 0
     np.add.at(child, nest.parent[has_par], span[has_par])
-    op_leaf = _pick(nearest_op, leaf, -1).astype(np.int64) if n else np.full(len(leaf), -1)
     direct = op_leaf >= 0
-    dev_self = np.bincount(op_leaf[direct], weights=dur[direct], minlength=n) if n else np.zeros(0)
-    kcount = np.bincount(op_leaf[direct], minlength=n) if n else np.zeros(0)
+    dev_self = np.bincount(op_leaf[direct], weights=dur[direct], minlength=n)
+    kcount = np.bincount(op_leaf[direct], minlength=n)
     dev_total = nesting.ancestors_sum(nest, op_leaf, dur)
     is_op = kind_sorted == 0
-    dims = scopes["input_dims"].to_numpy(dtype=object)[nest.order]
+    dims = scopes["input_dims"].array.take(nest.order[is_op]).fillna("")
     per = pd.DataFrame({
-        "name": names_sorted[is_op], "input_dims": pd.array(dims[is_op], dtype="string").fillna(""),
+        "name_code": codes_sorted[is_op], "input_dims": dims,
         "cpu_total_us": span[is_op], "cpu_self_us": np.maximum(span - child, 0)[is_op],
         "device_self_us": dev_self[is_op], "device_total_us": dev_total[is_op], "kernel_count": kcount[is_op],
     })
 
     def table(keys: list[str]) -> pd.DataFrame:
-        g = per.groupby(keys, sort=False, observed=True)
+        g = per.groupby(keys, sort=False)
         t = g.agg(calls=("cpu_total_us", "size"), cpu_total_us=("cpu_total_us", "sum"),
                   cpu_self_us=("cpu_self_us", "sum"), device_self_us=("device_self_us", "sum"),
                   device_total_us=("device_total_us", "sum"), kernel_count=("kernel_count", "sum")).reset_index()
+        t.insert(0, "name", _pick(cats, t.pop("name_code").to_numpy()))
         t["device_self_mean_us"] = t["device_self_us"] / t["calls"]
         return t.sort_values(["device_total_us", "cpu_total_us"], ascending=False, ignore_index=True)
 
-    return table(["name"]), table(["name", "input_dims"])
+    return table(["name_code"]), table(["name_code", "input_dims"])
 
 
-def _tree(path, p_parent, p_kind, p_text, p_depth, p_str, leaf, kernels) -> pd.DataFrame:
+def _tree(path, p_parent, p_kind, p_text, p_depth, p_str, leaf_path, dur, kcode, kcats) -> pd.DataFrame:
     """Call tree by path: scope nodes then kernel leaves; nodes without device time are dropped."""
     n_paths = len(p_parent)
-    dur = kernels["dur_us"].to_numpy(np.float64)
-    leaf_path = _pick(path, leaf, -1).astype(np.int64) if len(path) else np.full(len(leaf), -1)
-    kname_codes, kname_text = pd.factorize(kernels["name"].astype(str))
-    kkey = (leaf_path + 1) * max(len(kname_text), 1) + kname_codes
+    nk = max(len(kcats), 1)
+    kkey = (leaf_path + 1) * nk + np.maximum(kcode, 0)
     kuniq, kinv = np.unique(kkey, return_inverse=True)
-    k_parent = kuniq // max(len(kname_text), 1) - 1
-    k_name = np.asarray(kname_text, dtype=object)[kuniq % max(len(kname_text), 1)]
+    k_parent = kuniq // nk - 1
+    k_name = _pick(kcats, kuniq % nk)
     k_total = np.bincount(kinv, weights=dur, minlength=len(kuniq))
     k_count = np.bincount(kinv, minlength=len(kuniq))
-
-    calls = np.bincount(path[path >= 0], minlength=n_paths) if n_paths else np.zeros(0, np.int64)
-    self_us = np.zeros(n_paths)
-    kc_self = np.zeros(n_paths, np.int64)
     attributed = leaf_path >= 0
-    if n_paths:
-        self_us = np.bincount(leaf_path[attributed], weights=dur[attributed], minlength=n_paths)
-        kc_self = np.bincount(leaf_path[attributed], minlength=n_paths)
-    total = self_us.copy()
-    kc_total = kc_self.copy()
+    calls = np.bincount(path[path >= 0], minlength=n_paths)
+    self_us = np.bincount(leaf_path[attributed], weights=dur[attributed], minlength=n_paths)
+    kc_self = np.bincount(leaf_path[attributed], minlength=n_paths)
+    total, kc_total = self_us.copy(), kc_self.copy()
     for d in range(int(p_depth.max()) if n_paths else 0, 0, -1):  # deepest level first
         here = np.flatnonzero(p_depth == d)
         np.add.at(total, p_parent[here], total[here])
         np.add.at(kc_total, p_parent[here], kc_total[here])
-    k_depth = np.where(k_parent >= 0, _pick(p_depth, k_parent, -1).astype(np.int64) + 1, 0)
-    k_path = np.where(k_parent >= 0, _pick(p_str, k_parent, "").astype(object) + PATH_SEP, "") + k_name
+    k_depth = np.where(k_parent >= 0, _at(p_depth, k_parent) + 1, 0)
+    k_path = np.where(k_parent >= 0, _pick(p_str, k_parent, "") + PATH_SEP, "") + k_name
     scope_nodes = pd.DataFrame({
         "node_id": np.arange(n_paths), "parent_id": p_parent, "depth": p_depth, "node_kind": p_kind,
         "name": p_text, "path": p_str, "calls": calls, "kernel_count": kc_total,
