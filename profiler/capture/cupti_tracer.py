@@ -16,6 +16,7 @@ subclass; `cupti_unavailable_reason()` catches it and keeps the reason for the U
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -233,6 +234,15 @@ def _device_properties(device: str) -> list[dict]:
     return out
 
 
+@contextlib.contextmanager
+def _stopping(tracer: CuptiTracer):
+    """Stop (flush, disable, release) the started tracer however the block ends."""
+    try:
+        yield tracer
+    finally:
+        tracer.stop()
+
+
 @register_backend("cupti", probe=cupti_unavailable_reason)
 def cupti_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Path,
                   progress: Optional[ProgressFn] = None) -> CaptureResult:
@@ -251,7 +261,13 @@ def cupti_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Pa
         if progress:
             progress(i + 1, plan.steps, f"step {i + 1}/{plan.steps} (warm-up, untraced)")
     tracer = CuptiTracer()
-    with tracer:
+    try:
+        tracer.start()
+    except CaptureError:
+        raise
+    except Exception as exc:  # e.g. another CUPTI client (Kineto earlier in this process) holds CUPTI
+        raise CaptureError(f"the cupti tracer could not start: {type(exc).__name__}: {exc}") from None
+    with _stopping(tracer):
         with op_recorder(tracer):
             for i in range(untraced, plan.steps):
                 start = tracer._cupti.get_timestamp()
