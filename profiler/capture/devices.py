@@ -174,6 +174,11 @@ _RULES: tuple[tuple[str, str], ...] = (
     (r"\bmi250x\b", "MI250X-GCD"),
     (r"\bmi250\b", "MI250-GCD"),
 )
+# Names that look like a table entry but are not it: refused with the reason rather than mismatched.
+_NOT_IN_TABLE: tuple[tuple[str, str], ...] = (
+    (r"\bmig\b", "a MIG slice has a fraction of the GPU's SMs and bandwidth: datasheet ceilings do not apply"),
+    (r"\bnvl\b", "NVL variants (H100 NVL, H200 NVL) have their own clocks and memory and are not in the table"),
+)
 # Names that say nothing about the model (ROCm builds report MI250 GCDs as "AMD Radeon Graphics"):
 # these match by hardware signature (CU count and memory size) instead.
 _GENERIC_NAMES = frozenset({"amd radeon graphics", "radeon graphics"})
@@ -218,6 +223,9 @@ def lookup_device(device: Mapping[str, Any] | str | None) -> DeviceMatch:
             return DeviceMatch(None, f"generic device name {raw!r} and no unique table entry with "
                                      f"{props.get('numSms')} SMs/CUs and {props.get('totalGlobalMem')} bytes")
         return DeviceMatch(spec, f"generic name {raw!r} matched {spec.name} by SM/CU count and memory size")
+    for pattern, why in _NOT_IN_TABLE:
+        if re.search(pattern, norm):
+            return DeviceMatch(None, f"device {raw!r}: {why}")
     for pattern, entry in _RULES:
         if re.search(pattern, norm):
             return DeviceMatch(table[entry], f"{raw!r} matched {entry} by name")

@@ -61,7 +61,8 @@ def test_names_resolve_deterministically(name, entry):
     assert first.spec.name == second.spec.name == entry
 
 
-@pytest.mark.parametrize("bad", ["", "   ", None, {"name": ""}, {}, "NVIDIA A10", "Intel Arc A770"])
+@pytest.mark.parametrize("bad", ["", "   ", None, {"name": ""}, {}, "NVIDIA A10", "Intel Arc A770", "NVIDIA H100 NVL",
+                                 "NVIDIA H200 NVL", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", "NVIDIA GH200 480GB"])
 def test_unknown_or_empty_names_give_none_with_reason(bad):
     match = lookup_device(bad)
     assert match.spec is None and match.ceilings is None and match.reason
