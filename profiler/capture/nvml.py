@@ -81,8 +81,42 @@ def throttle_reason_names(mask: int) -> list[str]:
     return sorted(set(names))
 
 
+def _norm_uuid(uuid: Any) -> str:
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return text.lower().removeprefix("gpu-")
+
+
+def _visible_cuda_uuids() -> list[str]:
+    """UUID per CUDA device index, only when this process already initialised CUDA (never inits it)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return []
+        return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+    except Exception:  # no CUDA build, old torch without .uuid: fall back to NVML indices
+        return []
+
+
+def _label_devices(nvml: Any, cuda_uuids: Sequence[str]) -> dict[int, Any]:
+    """label -> NVML handle. With CUDA UUIDs known, label = the CUDA index (what the trace's `device`
+    column holds, CUDA_VISIBLE_DEVICES respected) and GPUs this process cannot see are left out;
+    otherwise label = the NVML index."""
+    handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())}
+    if not cuda_uuids:
+        return handles
+    cuda_index = {_norm_uuid(u): i for i, u in enumerate(cuda_uuids)}
+    labelled = {}
+    for handle in handles.values():
+        i = cuda_index.get(_norm_uuid(nvml.nvmlDeviceGetUUID(handle)))
+        if i is not None:
+            labelled[i] = handle
+    return labelled or handles
+
+
 class NvmlSampler:
-    """Context manager sampling NVML counters of `devices` (NVML indices; default all) at `hz`.
+    """Context manager sampling NVML counters of `devices` at `hz` (default: every GPU this process
+    sees). Devices are CUDA indices when CUDA is initialised (matched by UUID), else NVML indices.
 
     Attributes: `unavailable_reason` (None when sampling ran), `unsupported` (device, group) ->
     reason for readings a GPU does not support, `t0_unix_ns`/`t0_perf_ns` (the clock mapping),
@@ -90,7 +124,7 @@ class NvmlSampler:
     """
 
     def __init__(self, hz: float = 50.0, devices: Optional[Sequence[int]] = None, rank: int = 0,
-                 nvml_module: Any = None) -> None:
+                 nvml_module: Any = None, cuda_uuids: Optional[Sequence[str]] = None) -> None:
         if not 0 < hz <= 1000:
             raise ValueError(f"hz must be in (0, 1000], got {hz!r}")
         self.hz, self.rank, self._want = float(hz), int(rank), None if devices is None else list(devices)
@@ -103,6 +137,7 @@ class NvmlSampler:
         self._thread: Optional[threading.Thread] = None
         self._nvml: Any = None
         self._module = nvml_module  # the pynvml module; None = import it at start
+        self._cuda_uuids = cuda_uuids  # UUID per CUDA index; None = ask torch if CUDA is initialised
         self._handles: dict[int, Any] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -125,9 +160,9 @@ class NvmlSampler:
             return self
         self._nvml = pynvml
         try:
-            count = pynvml.nvmlDeviceGetCount()
-            wanted = range(count) if self._want is None else self._want
-            self._handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in wanted if 0 <= i < count}
+            by_label = _label_devices(pynvml, _visible_cuda_uuids() if self._cuda_uuids is None else self._cuda_uuids)
+            wanted = by_label if self._want is None else self._want
+            self._handles = {i: by_label[i] for i in wanted if i in by_label}
         except pynvml.NVMLError as exc:
             self.unavailable_reason = f"NVML unavailable: listing devices failed: {exc}"
         if not self._handles and self.unavailable_reason is None:

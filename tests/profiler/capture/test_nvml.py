@@ -44,6 +44,7 @@ def stand_in_nvml(n_devices: int = 2):
     lib.nvmlShutdown = lambda: None
     lib.nvmlDeviceGetCount = lambda: n_devices
     lib.nvmlDeviceGetHandleByIndex = lambda i: i
+    lib.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa"
     lib.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=90 + h, memory=40)
     lib.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h + 1) * 2**30)
 
@@ -91,3 +92,12 @@ def test_throttle_mask_decodes_to_names():
     mask = pynvml.nvmlClocksThrottleReasonSwPowerCap | pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
     assert throttle_reason_names(mask) == ["HwThermalSlowdown", "SwPowerCap"]
     assert throttle_reason_names(0) == []
+
+
+def test_devices_are_labelled_by_cuda_index_when_uuids_are_known():
+    # This process sees only NVML GPU 1, as its CUDA device 0 (CUDA_VISIBLE_DEVICES=1).
+    with NvmlSampler(hz=50, nvml_module=stand_in_nvml(), cuda_uuids=["0000000" + "1-AAAA"]) as sampler:
+        time.sleep(0.1)
+    df = sampler.samples()
+    assert set(df["device"]) == {0}
+    assert df[df["name"] == "gpu_util_pct"]["value"].eq(91).all()  # NVML device 1 reports 90 + 1
