@@ -40,8 +40,10 @@ def stream_order(trace, with_launch: bool = True) -> pd.DataFrame:
     g = g.sort_values(_KEYS + ["ts_us"], kind="stable").reset_index(drop=True)
     key = g.groupby(_KEYS, sort=False).ngroup().to_numpy()
     reach = g["end_us"].groupby(key).cummax().to_numpy()
-    prev_reach = np.concatenate([[np.nan], reach[:-1]])
-    first = np.concatenate([[True], key[1:] != key[:-1]])
+    prev_reach = np.full(len(key), np.nan)
+    prev_reach[1:] = reach[:-1]
+    first = np.ones(len(key), dtype=bool)
+    first[1:] = key[1:] != key[:-1]
     prev_reach[first] = np.nan
     gap = np.where(first, 0.0, np.maximum(g["ts_us"].to_numpy() - prev_reach, 0.0))
     return g.assign(stream_key=key, reach_us=reach, prev_reach_us=prev_reach, gap_before_us=gap)
