@@ -44,7 +44,7 @@ _OTHER_KINDS = ("python_function", "user_annotation")
 
 
 def _is_step_marker(names: pd.Series) -> np.ndarray:
-    return kt._per_category(names, lambda cats: np.array([str(c).startswith(STEP_PREFIX) for c in cats], dtype=bool))
+    return kt.per_distinct(names, lambda cats: np.array([str(c).startswith(STEP_PREFIX) for c in cats], dtype=bool))
 
 
 def step_windows(trace) -> pd.DataFrame:

@@ -12,12 +12,14 @@ split in two parts:
   but waited on something else (an event or another stream, a memcpy on another engine, a sync).
 Activities without a matched launch (no correlation) have no host-wait part.
 
-HTA's idle-time breakdown classifies each whole gap into one bucket (host wait when the stream's
-queue was empty, i.e. the next kernel was launched after the previous one ended; kernel wait when
-the gap is below a small threshold; other otherwise). Ours splits a gap between host wait and the
-launch-to-start remainder instead, so a long host stall followed by the usual launch latency
-counts as host wait plus kernel wait rather than all host wait; the totals per stream agree with
-HTA's idle time.
+HTA's idle-time breakdown (`get_idle_time_breakdown`) puts each whole gap in one bucket: host
+wait when the next kernel's runtime call started after the previous kernel ended; else kernel wait
+when the gap is below `consecutive_kernel_delay` (30, in ns in its current ns-based version, so
+almost nothing qualifies); else other. Ours splits a gap at the launch call instead, so a long host
+stall followed by the usual launch latency counts as host wait plus kernel wait rather than all
+host wait, and our threshold is 30 µs (a realistic launch-to-start latency). Gaps are measured
+from the furthest end so far on the stream (HTA: the previous kernel's end), so an overlapped
+activity never creates a negative gap. Per-stream idle totals agree with HTA's.
 """
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def _match_any(names: Iterable[str], patterns: tuple[NamePattern, ...]) -> np.nd
     return np.fromiter((combined.search(str(n)) is not None for n in names), dtype=bool, count=len(names))
 
 
-def _first_label(names: Iterable[str], patterns: tuple[NamePattern, ...]) -> list[str | None]:
+def first_label(names: Iterable[str], patterns: tuple[NamePattern, ...]) -> list[str | None]:
     out: list[str | None] = []
     for n in names:
         s = str(n)
@@ -122,7 +122,7 @@ def _first_label(names: Iterable[str], patterns: tuple[NamePattern, ...]) -> lis
     return out
 
 
-def _per_category(values: pd.Series, fn) -> np.ndarray:
+def per_distinct(values: pd.Series, fn) -> np.ndarray:
     """Apply `fn(list_of_distinct_values) -> array` once per distinct value, broadcast to rows."""
     cat = values.astype("category") if not isinstance(values.dtype, pd.CategoricalDtype) else values
     codes = cat.cat.codes.to_numpy()
@@ -138,7 +138,7 @@ def _per_category(values: pd.Series, fn) -> np.ndarray:
 
 def names_match(names: pd.Series, patterns: tuple[NamePattern, ...]) -> np.ndarray:
     """Bool per row: does the row's name match any of `patterns`?"""
-    return _per_category(names, lambda cats: _match_any(cats, patterns))
+    return per_distinct(names, lambda cats: _match_any(cats, patterns))
 
 
 def is_communication(rows: pd.DataFrame) -> np.ndarray:
@@ -167,9 +167,9 @@ def collective(rows: pd.DataFrame) -> pd.Series:
     kernel whose name says nothing (e.g. `ncclDevKernel_Generic`) is `other`.
     """
     comm = is_communication(rows)
-    from_arg = _per_category(rows["collective_name"].astype("string").fillna(""),
-                             lambda cats: np.array(_first_label(cats, COLLECTIVE_PATTERNS), dtype=object))
-    from_name = _per_category(rows["name"], lambda cats: np.array(_first_label(cats, COLLECTIVE_PATTERNS), dtype=object))
+    from_arg = per_distinct(rows["collective_name"].astype("string").fillna(""),
+                             lambda cats: np.array(first_label(cats, COLLECTIVE_PATTERNS), dtype=object))
+    from_name = per_distinct(rows["name"], lambda cats: np.array(first_label(cats, COLLECTIVE_PATTERNS), dtype=object))
     label = np.where(pd.isna(from_arg), from_name, from_arg)
     label = np.where(pd.isna(label), "other", label)
     label = np.where(comm, label, None)

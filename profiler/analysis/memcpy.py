@@ -18,7 +18,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profiler.analysis.kernel_types import NamePattern, _first_label, _per_category
+from profiler.analysis.kernel_types import NamePattern, first_label, per_distinct
 from profiler.analysis.registry import register_analysis
 
 DIRECTION_PATTERNS: tuple[NamePattern, ...] = (
@@ -44,10 +44,10 @@ def copies(trace) -> pd.DataFrame:
     """Memcpy/memset rows with `op` (memcpy/memset), `direction`, `src_kind`, `dst_kind`, `gb_per_s`."""
     m = trace.of_kind("gpu_memcpy", "gpu_memset")
     is_set = (m["kind"] == "gpu_memset").to_numpy()
-    direction = _per_category(m["name"], lambda c: np.array(_first_label(c, DIRECTION_PATTERNS), dtype=object))
+    direction = per_distinct(m["name"], lambda c: np.array(first_label(c, DIRECTION_PATTERNS), dtype=object))
     direction = np.where(is_set, "memset", np.where(pd.isna(direction), "unknown", direction))
-    src = _per_category(m["name"], lambda c: _kinds(c)[:, 0] if len(c) else np.empty(0, dtype=object))
-    dst = _per_category(m["name"], lambda c: _kinds(c)[:, 1] if len(c) else np.empty(0, dtype=object))
+    src = per_distinct(m["name"], lambda c: _kinds(c)[:, 0] if len(c) else np.empty(0, dtype=object))
+    dst = per_distinct(m["name"], lambda c: _kinds(c)[:, 1] if len(c) else np.empty(0, dtype=object))
     nbytes = m["bytes"].astype("float64").to_numpy()
     dur = m["dur_us"].to_numpy(float)
     with np.errstate(invalid="ignore", divide="ignore"):
