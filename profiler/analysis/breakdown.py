@@ -72,7 +72,10 @@ def step_windows(trace) -> pd.DataFrame:
         steps["gpu_end_us"] = np.nan
     steps = steps.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
     end = np.fmax(steps["cpu_end_us"].to_numpy(float), steps["gpu_end_us"].to_numpy(float))
-    prev_end = pd.Series(end).groupby(steps["rank"].to_numpy()).shift(1).to_numpy()
+    # Not before any earlier step of the rank has ended (a cumulative max, so one step whose GPU
+    # work ran very late cannot make a later window overlap it).
+    reach = pd.Series(end).groupby(steps["rank"].to_numpy()).cummax()
+    prev_end = reach.groupby(steps["rank"].to_numpy()).shift(1).to_numpy()
     start = np.fmax(steps["start_us"].to_numpy(float), prev_end)  # not before the previous step ends
     steps["start_us"] = start
     steps["end_us"] = np.maximum(end, start)

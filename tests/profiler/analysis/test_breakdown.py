@@ -129,3 +129,14 @@ def test_real_traces_step_breakdown_is_a_partition(name):
     # Windows are disjoint and ordered per rank.
     for _, w in res.groupby("rank"):
         assert np.all(w["start_us"].to_numpy()[1:] >= w["end_us"].to_numpy()[:-1] - 1e-9)
+
+
+def test_step_windows_stay_disjoint_when_gpu_work_lags_two_steps(tmp_path):
+    t = SynthTrace()
+    for n, ts in ((1, 0), (2, 100), (3, 200)):
+        t.step(n, ts, 100)
+    t.launch("aten::slow", "slow", cpu_ts=10, kernel_ts=20, dur=250)  # step 1's kernel ends at 270
+    t.launch("aten::quick", "quick", cpu_ts=110, kernel_ts=120, dur=10)
+    t.launch("aten::last", "last", cpu_ts=210, kernel_ts=280, dur=10)
+    w = bd.step_windows(load(t, tmp_path))
+    assert list(zip(w["start_us"], w["end_us"])) == [(0, 270), (270, 270), (270, 300)]
