@@ -1,7 +1,7 @@
 """Zoo models: GPT-2 (naive and native ops), LLaMA-style, BERT-style, ViT, CNN and MLP.
 
-Each model registers a config dataclass (sizes; presets "tiny" for tests and "small", the default,
-which steps in well under a second on a laptop-class CPU) and a builder returning
+Each model registers a config dataclass (sizes; presets "tiny" for tests, "small", the default,
+which steps in well under a second on a laptop-class CPU, and "medium" for overhead benchmarks) and a builder returning
 `(model, inputs)`. Transformer inputs include targets so `forward` returns a 0-dim loss, the same
 contract a user spec follows.
 """
@@ -39,7 +39,8 @@ class TransformerConfig:
 
 
 TRANSFORMER_PRESETS = {"tiny": dict(vocab=64, seq_len=8, dim=16, heads=2, layers=1, batch=2),
-                       "small": {}}
+                       "small": {},
+                       "medium": dict(vocab=4096, seq_len=128, dim=256, heads=4, layers=4, batch=4)}
 
 
 class TokenLM(nn.Module):
@@ -131,7 +132,8 @@ class VisionConfig:
 
 
 VISION_PRESETS = {"tiny": dict(image=8, width=8, classes=4, depth=1, batch=2, patch=4, heads=2),
-                  "small": {}}
+                  "small": {},
+                  "medium": dict(image=32, width=64, depth=3, batch=16, patch=4, heads=4)}
 
 
 class SmallCNN(nn.Module):
@@ -200,7 +202,8 @@ class MLPConfig:
                 raise ValueError(f"{name} must be >= 1")
 
 
-@register_zoo("mlp", MLPConfig, {"tiny": dict(features=8, hidden=16, depth=1, outputs=4, batch=4), "small": {}})
+@register_zoo("mlp", MLPConfig, {"tiny": dict(features=8, hidden=16, depth=1, outputs=4, batch=4), "small": {},
+                            "medium": dict(features=512, hidden=1024, depth=4, batch=128)})
 def mlp(cfg: MLPConfig):
     """MLP of Linear+ReLU layers; returns logits (the runner's loss is their mean)."""
     layers: list[nn.Module] = []
