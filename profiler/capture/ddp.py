@@ -162,8 +162,9 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
         rank, msg = min(errors.items())
         raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
     run_s = time.perf_counter() - t0
-    trace = load_ddp_trace(out_dir, {"spec": spec, "plan": dataclasses.asdict(plan), "nproc": nproc,
-                                     "backend": "nccl" if plan.is_cuda else "gloo"})
     off = {"nvml": "device is cpu (NVML samples NVIDIA GPUs only)"} if not plan.is_cuda else {}
+    off["cupti"] = "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)"
+    trace = load_ddp_trace(out_dir, {"spec": spec, "plan": dataclasses.asdict(plan), "nproc": nproc,
+                                     "backend": "nccl" if plan.is_cuda else "gloo", "sources_off": dict(off)})
     return CaptureResult(trace, out_dir / "kineto_rank0.pt.trace.json", off,
                          {"run_s": run_s, "total_s": time.perf_counter() - t0})
