@@ -63,6 +63,7 @@ class Results(Mapping):
         self.trace = trace
         self._params = dict(params or {})
         self._cache: dict[str, Any] = dict(precomputed or {})
+        self._memo: dict[str, Any] = {}
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._cache:
@@ -72,6 +73,12 @@ class Results(Mapping):
                 raise KeyError(name)
             self._cache[name] = ANALYSES[name](self.trace, **self._params.get(name, {}))
         return self._cache[name]
+
+    def memo(self, key: str, fn) -> Any:
+        """A derived value shared by rules (e.g. the summed step time), computed once."""
+        if key not in self._memo:
+            self._memo[key] = fn()
+        return self._memo[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._cache)

@@ -48,11 +48,12 @@ MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
                         "aten::_addmm_activation", "aten::addbmm"})
 
 
-def step_total_us(trace) -> float:
+def step_total_us(trace, results: Results | None = None) -> float:
     """Summed step time over ranks (whole-rank window where a rank has no steps)."""
     from profiler.analysis.breakdown import step_windows
 
-    return float(step_windows(trace)["duration_us"].sum())
+    compute = lambda: float(step_windows(trace)["duration_us"].sum())  # noqa: E731
+    return results.memo("step_total_us", compute) if results is not None else compute()
 
 
 def _finding(rule: str, saving_us: float, step_us: float, message: str, **evidence: Any) -> Finding:
@@ -80,7 +81,7 @@ def launch_bound(trace, results, limits) -> list[Finding]:
     """Fires on `launch_stats`' launch-bound verdict; saving = time the streams sat empty
     waiting for the host (an upper bound on what graphs or fusion can win)."""
     ls = results["launch_stats"]
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     if not ls.launch_bound:
         return []
     short = ls.short_kernels.set_index("threshold_us")
@@ -102,7 +103,7 @@ def low_gpu_utilization(trace, results, limits) -> list[Finding]:
     low = gm[gm["gpu_utilization"] < limits["max_utilization"]]
     if low.empty:
         return []
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     idle = float((low["window_us"] - low["busy_us"]).clip(lower=0).sum())
     pct = 100.0 * idle / step_us if step_us > 0 else float("nan")
     if not pct >= limits["min_pct"]:
@@ -115,9 +116,9 @@ def low_gpu_utilization(trace, results, limits) -> list[Finding]:
                      mean_utilization=float(low["gpu_utilization"].mean()))]
 
 
-def _compute_union_by_rank(trace) -> dict[int, iv.Intervals]:
-    k = trace.kernels
-    k = k[kt.kernel_type(k).to_numpy() == kt.COMPUTATION]
+def _compute_union_by_rank(k: pd.DataFrame) -> dict[int, iv.Intervals]:
+    """Union of computation-kernel intervals per rank, from the attribution's kernel frame."""
+    k = k[k["kernel_type"] == kt.COMPUTATION]
     u = iv.union_by_group(k["rank"].to_numpy(np.int64), k["ts_us"], k["ts_us"] + k["dur_us"])
     return {int(r): iv.Intervals(u.starts[u.groups == r], u.ends[u.groups == r]) for r in np.unique(u.groups)}
 
@@ -126,23 +127,25 @@ def _compute_union_by_rank(trace) -> dict[int, iv.Intervals]:
 def h2d_copy_in_step(trace, results, limits) -> list[Finding]:
     """HtoD memcpys inside steps (all of them when the trace has no steps); saving = their time
     not hidden behind computation kernels."""
-    from profiler.analysis.memcpy import copies
+    from profiler.analysis.memcpy import DIRECTION_PATTERNS
 
-    c = copies(trace)
-    has_steps = trace.events["step"].notna().any()
-    c = c[(c["direction"] == "HtoD") & (c["step"].notna() if has_steps else True)]
+    k = results["attribution"].kernels
+    c = k[k["kind"] == "gpu_memcpy"]
+    c = c[kt.names_match(c["name"], tuple(p for p in DIRECTION_PATTERNS if p.label == "HtoD"))]
+    if results.memo("has_steps", lambda: bool(trace.events["step"].notna().any())):
+        c = c[c["step"].notna()]
     if c.empty:
         return []
-    comp = _compute_union_by_rank(trace)
+    comp = results.memo("compute_union_by_rank", lambda: _compute_union_by_rank(k))
     exposed = 0.0
     for rank, g in c.groupby("rank"):  # one iteration per rank
         u = iv.union(g["ts_us"], g["ts_us"] + g["dur_us"])
         exposed += u.total_us - iv.intersection_length(u, comp.get(int(rank), iv.union([], [])))
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     pct = 100.0 * exposed / step_us if step_us > 0 else float("nan")
     if not pct >= limits["min_pct"]:
         return []
-    mb = float(c["bytes"].astype("float64").sum()) / 1e6
+    mb = float(trace.events.loc[c["event_index"], "bytes"].astype("float64").sum()) / 1e6
     msg = (f"{len(c):,} host-to-device copies ({mb:,.1f} MB, {float(c['dur_us'].sum()):,.0f} µs) run inside steps, "
            f"{exposed:,.0f} µs ({pct:.1f}% of step time) not overlapped with compute; pin memory with "
            f"non_blocking=True, prefetch, or keep the data on the GPU")
@@ -156,7 +159,7 @@ def comm_not_overlapped(trace, results, limits) -> list[Finding]:
     o = o[(o["comm_busy_us"] > 0) & (o["overlap_pct"] < limits["max_overlap_pct"])]
     if o.empty:
         return []
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     exposed = float(o["exposed_comm_us"].sum())
     pct = 100.0 * exposed / step_us if step_us > 0 else float("nan")
     if not pct >= limits["min_pct"]:
@@ -209,7 +212,7 @@ def fusion_candidate(trace, results, limits) -> list[Finding]:
     ops = frame.loc[frame["run"] == top["run"], "label"].tolist()
     length = int(top["length"])
     saving = float(top["dur_us"]) * (1 - 1 / length)
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     chain = " → ".join(ops[:8]) + (" → …" if len(ops) > 8 else "")
     msg = (f"A chain of {length} memory-bound kernels ({chain}) runs {int(top['count']):,} times for "
            f"{float(top['dur_us']):,.0f} µs ({100 * top['dur_us'] / kernel_us:.0f}% of kernel time): fusion candidate, "
@@ -239,7 +242,7 @@ def fp32_matmul_no_tensor_cores(trace, results, limits) -> list[Finding]:
     if gemm.empty or kernel_us <= 0 or gemm_us / kernel_us < limits["min_share_of_kernel_time"]:
         return []
     saving = gemm_us * (1 - 1 / limits["assumed_speedup"])
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     msg = (f"{len(gemm):,} fp32 matmul kernels take {gemm_us:,.0f} µs ({100 * gemm_us / kernel_us:.0f}% of kernel time) "
            f"and none runs on tensor cores: enable TF32 (torch.set_float32_matmul_precision('high')) or autocast to bf16")
     return [_finding("fp32_matmul_no_tensor_cores", saving, step_us, msg, gemm_kernels=len(gemm), gemm_us=gemm_us,
@@ -254,7 +257,7 @@ def stragglers_rule(trace, results, limits) -> list[Finding]:
         return []
     s = results["stragglers"]
     out = []
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     for _, r in s[s["straggler"]].iterrows():  # one iteration per flagged rank
         others = s[s["rank"] != r["rank"]]
         excess = {c: float(r[c] - others[c].median()) for c in ("step_us", "compute_us", "coll_late_us")
@@ -272,8 +275,8 @@ def stragglers_rule(trace, results, limits) -> list[Finding]:
 def sync_in_step(trace, results, limits) -> list[Finding]:
     """cudaStreamSynchronize / cudaDeviceSynchronize / hipDeviceSynchronize ... (and `cuda_sync`
     rows when no host call is recorded) inside steps; saving = host time blocked in them."""
-    ev = trace.events
-    has_steps = ev["step"].notna().any()
+    ev = trace.events[["kind", "name", "step", "dur_us"]]
+    has_steps = results.memo("has_steps", lambda: bool(ev["step"].notna().any()))
     host = ev[ev["kind"].isin(("cuda_runtime", "cuda_driver"))]
     host = host[kt.names_match(host["name"], SYNC_PATTERNS)]
     rows = host if len(host) else ev[ev["kind"] == "cuda_sync"]
@@ -282,7 +285,7 @@ def sync_in_step(trace, results, limits) -> list[Finding]:
     if len(rows) < limits["min_calls"]:
         return []
     blocked = float(rows["dur_us"].sum())
-    step_us = step_total_us(trace)
+    step_us = step_total_us(trace, results)
     pct = 100.0 * blocked / step_us if step_us > 0 else float("nan")
     top = rows["name"].astype(str).value_counts().head(3)
     calls = ", ".join(f"{n} ×{c}" for n, c in top.items())
