@@ -9,10 +9,12 @@ Nothing is built at import time: the first call of `load_cpu_ops()` builds or lo
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
 import re
+import shutil
 import sys
 import threading
 import time
@@ -76,30 +78,56 @@ def load_cpu_ops(verbose: bool = False) -> None:
         build_dir = build_dir_for(_inputs())
         build_dir.mkdir(parents=True, exist_ok=True)
         _clear_stale_lock(build_dir)
-        if not (build_dir / "fusionlens_cpu.so").exists():
-            print(f"FusionLens: building the CPU kernels once into {build_dir} (about 20-60 s)...",
-                  file=sys.stderr, flush=True)
-        try:
-            cpp_extension.load(
-                name="fusionlens_cpu",
-                sources=[str(s) for s in sources],
-                extra_cflags=CFLAGS,
-                extra_ldflags=LDFLAGS,
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(build_dir),
-                is_python_module=False,
-                verbose=verbose,
-            )
-        except Exception as exc:
-            raise RuntimeError(_failure_summary(exc, build_dir)) from exc
+        # One builder per directory at a time, across processes; the kernel drops the lock when
+        # its holder dies, so a killed build never blocks the others.
+        with open(build_dir / "fusionlens.flock", "w") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            if not (build_dir / "fusionlens_cpu.so").exists():
+                reused = _seed_from_previous(build_dir)
+                print(f"FusionLens: building the CPU kernels once into {build_dir} "
+                      f"(about 20-60 s; {reused} unchanged objects reused)...", file=sys.stderr, flush=True)
+            try:
+                cpp_extension.load(
+                    name="fusionlens_cpu",
+                    sources=[str(s) for s in sources],
+                    extra_cflags=CFLAGS,
+                    extra_ldflags=LDFLAGS,
+                    extra_include_paths=[str(CSRC)],
+                    build_directory=str(build_dir),
+                    is_python_module=False,
+                    verbose=verbose,
+                )
+            except Exception as exc:
+                raise RuntimeError(_failure_summary(exc, build_dir)) from exc
         _loaded = True
+
+
+def _seed_from_previous(build_dir: Path) -> int:
+    """Copy object files and ninja's logs from the newest earlier build, so ninja recompiles only
+    the sources (or headers) that changed since; returns how many objects were copied.
+
+    Timestamps are preserved (copy2): ninja compares them with the sources' and its deps log
+    (header dependencies) decides the rest, so a stale object is never reused.
+    """
+    previous = [d for d in build_dir.parent.iterdir()
+                if d != build_dir and (d / ".ninja_log").exists() and (d / "fusionlens_cpu.so").exists()]
+    if not previous or (build_dir / ".ninja_log").exists():
+        return 0
+    newest = max(previous, key=lambda d: (d / ".ninja_log").stat().st_mtime)
+    copied = 0
+    for f in [*newest.glob("*.o"), newest / ".ninja_log", newest / ".ninja_deps"]:
+        if f.exists():
+            shutil.copy2(f, build_dir / f.name)
+            copied += f.suffix == ".o"
+    return copied
 
 
 def build_dir_for(inputs: list[Path]) -> Path:
     """The cache directory of one build: keyed by sources, headers, flags, torch and CPU.
 
-    Developers editing different sources build into different directories; two processes
-    building the same sources share one and serialize on cpp_extension's lock file.
+    Developers editing different sources build into different directories (seeded with the
+    unchanged objects of the newest earlier build); processes building the same sources share
+    one directory and take turns on an flock (then ninja finds the library up to date).
     """
     return data_dir() / "cpp_build" / _build_hash(inputs)
 
