@@ -3,7 +3,9 @@
 Every column is extracted with `map(attrgetter(field), structs)` fed to `np.fromiter` (C loops);
 the rare value of an unexpected type (a string stream id, a null) drops to a Python fallback for
 that column of that chunk only. Kind-specific columns (kernel launch config, cpu_op shapes,
-python ids, NCCL fields) are extracted only over the rows of the kinds that carry them. Rows that
+python ids, NCCL fields) are extracted only over the rows of the kinds that carry them. Kind-specific
+columns are kept sparse (row index, values) until the final frame is built, so a column that only
+kernels carry costs memory only for kernels. Rows that
 fail validation (no numeric ts/dur, negative or absurd numbers, no name) are skipped and counted.
 """
 from __future__ import annotations
@@ -80,7 +82,8 @@ _DIGITS = re.compile(r"-?\d+")
 class Accumulator:
     """Per-chunk column pieces of one file, concatenated once at the end."""
 
-    rows: dict[str, list] = field(default_factory=dict)
+    rows: dict[str, list] = field(default_factory=dict)  # dense columns: one array per chunk
+    sparse: dict[str, list] = field(default_factory=dict)  # kind-specific: (row index, values) per chunk
     flows: dict[str, list] = field(default_factory=dict)
     memory: dict[str, list] = field(default_factory=dict)
     counters: list[tuple] = field(default_factory=list)
@@ -214,6 +217,7 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
     n = len(rows)
     if n == 0:
         return
+    offset = acc.n_rows  # row index of this chunk's first row within the file
     acc.n_rows += n
     R = acc.rows
     acc.add(R, "kind", kinds.astype(np.int8))
@@ -236,14 +240,10 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
             subsets[codes] = (where, [args[i] for i in where.tolist()])
         where, objs = subsets[codes]
         vals = _values(objs, attr, vtype, acc, col) if objs else None
-        if vals is None:
-            full = _empty(vtype, n)
-        elif where is None:
-            full = vals
-        else:
-            full = _empty(vtype, n)
-            full[where] = vals
-        acc.add(R, col, full)
+        if where is None:  # every row carries it: a dense column
+            acc.add(R, col, vals if vals is not None else _empty(vtype, n))
+        elif vals is not None:  # kind-specific: kept sparse as (row index, values)
+            acc.add(acc.sparse, col, (where + offset, vals))
 
 
 def _flows(evs: list, idx: np.ndarray, codes: np.ndarray, acc: Accumulator, skipped: Counter) -> None:

@@ -10,47 +10,19 @@ from __future__ import annotations
 import gc
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from profiler.trace import links
-from profiler.trace._columns import CODED_COLUMNS
 from profiler.trace._structs import MISSING
 from profiler.trace.decode import FileData, decode_payload
+from profiler.trace.frame import FileFrame, counters_frame, events_frame, memory_frame
 from profiler.trace.model import Trace, TraceError
-from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS, KINDS, MEMORY_COLUMNS, SCHEMA_VERSION
+from profiler.trace.schema import SCHEMA_VERSION
 from profiler.trace.sources import iter_payloads
 
-_K = {k: i for i, k in enumerate(KINDS)}
-_NP_INT = {"Int64": np.int64, "Int32": np.int32, "Int16": np.int16, "int32": np.int32}
 
-
-@dataclass
-class FileFrame:
-    """One file's columns (raw clock) with links resolved, before rank and t0 are known."""
-
-    label: str
-    cols: dict[str, Any]
-    vocab: dict[str, list[str]]  # coded columns: code -> text
-    memory: dict[str, np.ndarray]
-    counters: list[tuple]
-    meta: dict[str, Any]
-    skipped: Counter
-    unbound_flows: int
-
-    @property
-    def n(self) -> int:
-        return len(self.cols["ts"])
-
-    def min_ts(self) -> float:
-        if self.n:  # the earliest kept event; memory samples only when there is no event
-            return float(self.cols["ts"].min())
-        mem = self.memory.get("ts", ())
-        return float(mem.min()) if len(mem) else float("inf")
 
 
 @contextmanager
@@ -71,32 +43,44 @@ def _cat(pieces: list) -> Any:
     return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
+def _cat(pieces: list) -> Any:
+    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
 def _file_frame(fd: FileData) -> FileFrame:
+    """Concatenate one file's chunks (column by column, freeing the pieces) and resolve its links."""
     acc = fd.acc
-    cols = {k: _cat(v) for k, v in acc.rows.items()}
-    acc.rows.clear()
+    cols = {k: _cat(acc.rows.pop(k)) for k in list(acc.rows)}
     if not cols:
         cols = {"ts": np.empty(0), "dur": np.empty(0), "kind": np.empty(0, np.int8),
                 "name": np.empty(0, np.int32), "pid": np.empty(0, np.int64), "tid": np.empty(0, np.int64),
-                "correlation": np.empty(0, np.int64)}
-    for dim in ("grid", "block"):
-        if dim in cols:
-            arr = cols.pop(dim)  # (n, 3) -> three columns
+                "correlation": np.empty(0, np.int64), "external_id": np.empty(0, np.int64)}
+    sparse: dict[str, tuple[np.ndarray, Any]] = {}
+    for col in list(acc.sparse):
+        pieces = acc.sparse.pop(col)
+        idx, vals = _cat([p[0] for p in pieces]), _cat([p[1] for p in pieces])
+        if col in ("grid", "block"):  # (m, 3) -> three columns
             for j, axis in enumerate("xyz"):
-                cols[f"{dim}_{axis}"] = arr[:, j]
+                sparse[f"{col}_{axis}"] = (idx, np.ascontiguousarray(vals[:, j]))
+        else:
+            sparse[col] = (idx, vals)
     kind = cols["kind"]
-    if "device" in cols:  # GPU rows without args.device/stream: Kineto's pid/tid are those
-        gpu = np.isin(kind, links.DEVICE_SIDE)
-        for col, src in (("device", "pid"), ("stream", "tid")):
-            fill = gpu & (cols[col] == MISSING)
-            cols[col] = np.where(fill, cols[src], cols[col])
+    gpu = np.flatnonzero(np.isin(kind, links.DEVICE_SIDE))
+    for col, src in (("device", "pid"), ("stream", "tid")):  # GPU rows: Kineto's pid/tid when no arg
+        vals = cols[src][gpu]
+        if col in sparse:
+            idx, got = sparse[col]
+            pos = np.searchsorted(gpu, idx)
+            vals[pos] = np.where(got != MISSING, got, vals[pos])
+        sparse[col] = (gpu, vals)
     flows = {k: _cat(v) for k, v in acc.flows.items()}
-    cols["flow_id"], unbound = links.bind_flows(kind, cols["pid"], cols["tid"], cols["ts"], flows)
+    rows, ids, unbound = links.bind_flows(kind, cols["pid"], cols["tid"], cols["ts"], flows)
+    sparse["flow_id"] = (rows, ids)
     vocab = {col: list(v) for col, v in acc.vocab.items()}
     cols["step"] = links.assign_steps(kind, cols["name"], vocab.get("name", []), cols["ts"], cols["dur"],
                                       cols["correlation"])
     memory = {k: _cat(v) for k, v in acc.memory.items()}
-    return FileFrame(fd.label, cols, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound)
+    return FileFrame(fd.label, cols, sparse, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound)
 
 
 def _assign_ranks(frames: list[FileFrame], rank: Any) -> list[tuple[int, str]]:
@@ -130,103 +114,6 @@ def _assign_ranks(frames: list[FileFrame], rank: Any) -> list[tuple[int, str]]:
         owner[free] = f.label
         out.append((free, f"default: no distributedInfo.rank; lowest free rank for file #{pos} in load order"))
     return out
-
-
-def _masked(values: np.ndarray, dtype: str) -> Any:
-    np_dtype = _NP_INT[dtype]
-    info = np.iinfo(np_dtype)
-    mask = (values == MISSING) | (values < info.min) | (values > info.max)
-    data = np.where(mask, 0, values).astype(np_dtype)
-    return pd.arrays.IntegerArray(data, mask) if dtype[0] == "I" else data
-
-
-def _column(name: str, dtype: str, pieces: list, n: int) -> Any:
-    values = (np.concatenate(pieces) if len(pieces) > 1 else pieces[0]) if pieces else None
-    if dtype in _NP_INT:
-        return _masked(values if values is not None else np.full(n, MISSING, np.int64), dtype)
-    if dtype == "float64":
-        return values if values is not None else np.full(n, np.nan)
-    raise TypeError(f"unhandled dtype {dtype} for column {name}")
-
-
-def _coded(col: str, dtype: str, frames: list[FileFrame]) -> Any:
-    """Merge per-file dictionary codes into one Categorical (or Arrow-backed string) column."""
-    texts: dict[str, int] = {}
-    pieces = []
-    for f in frames:
-        codes = f.cols.get(col)
-        vocab = f.vocab.get(col, [])
-        if codes is None or not vocab:
-            pieces.append(np.full(f.n, -1, np.int32))
-            continue
-        lut = np.fromiter((texts.setdefault(t, len(texts)) for t in vocab), np.int32, len(vocab))
-        pieces.append(codes if np.array_equal(lut, np.arange(len(vocab))) else
-                      np.where(codes >= 0, lut[codes], -1).astype(np.int32))
-    codes = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-    if dtype == "category":
-        return pd.Categorical.from_codes(codes, categories=list(texts))
-    dictionary = pa.array(list(texts), pa.string())
-    arr = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), dictionary).dictionary_decode()
-    return pd.arrays.ArrowStringArray(arr)
-
-
-def _events_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.DataFrame:
-    n = sum(f.n for f in frames)
-    data: dict[str, Any] = {}
-    for col, (dtype, _doc) in COLUMNS.items():
-        if col == "rank":
-            data[col] = np.concatenate([np.full(f.n, r, np.int32) for f, r in zip(frames, ranks)] or
-                                       [np.empty(0, np.int32)])
-        elif col == "kind":
-            codes = np.concatenate([f.cols["kind"] for f in frames]).astype(np.int8)
-            data[col] = pd.Categorical.from_codes(codes, categories=list(KINDS))
-        elif col == "ts_us":
-            data[col] = np.concatenate([f.cols["ts"] for f in frames]) - t0
-        elif col == "dur_us":
-            data[col] = np.concatenate([f.cols["dur"] for f in frames])
-        elif col in ("flops", "bytes_moved"):
-            data[col] = np.full(n, np.nan)  # unknown for uploaded traces; capture fills them
-        elif col in CODED_COLUMNS:
-            data[col] = _coded(col, dtype, frames)
-        else:
-            pieces = [f.cols[col] for f in frames if col in f.cols]
-            if pieces and len(pieces) != len(frames):  # some files lack the column: pad
-                pieces = [f.cols[col] if col in f.cols else _missing_like(pieces[0], f.n) for f in frames]
-            data[col] = _column(col, dtype, pieces, n)
-        for f in frames:
-            f.cols.pop(col, None)
-    return pd.DataFrame(data, copy=False)
-
-
-def _missing_like(example: Any, n: int) -> Any:
-    if example.dtype == np.float64:
-        return np.full(n, np.nan)
-    return np.full(n, MISSING, np.int64)
-
-
-def _memory_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.DataFrame:
-    parts = []
-    for f, r in zip(frames, ranks):
-        if not len(f.memory.get("ts", ())):
-            continue
-        part = {"rank": np.full(len(f.memory["ts"]), r, np.int32), "ts_us": f.memory["ts"] - t0}
-        for col, dtype in MEMORY_COLUMNS.items():
-            if col not in part:
-                part[col] = _masked(f.memory[col], dtype)
-        parts.append(pd.DataFrame(part))
-    if not parts:
-        return Trace.__dataclass_fields__["memory"].default_factory()
-    return pd.concat(parts, ignore_index=True)
-
-
-def _counters_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.DataFrame:
-    rows = [(r, ts - t0, dev, name, val) for f, r in zip(frames, ranks) for ts, dev, name, val in f.counters]
-    if not rows:
-        return Trace.__dataclass_fields__["counters"].default_factory()
-    rank, ts, dev, name, val = (np.array(x) for x in zip(*rows))
-    return pd.DataFrame({"rank": rank.astype(np.int32), "ts_us": ts.astype(np.float64),
-                         "device": _masked(dev.astype(np.int64), COUNTER_COLUMNS["device"]),
-                         "name": pd.Categorical(name), "value": val.astype(np.float64)})
 
 
 def _meta(frames: list[FileFrame], ranks: list[tuple[int, str]], t0: float) -> dict[str, Any]:
@@ -280,7 +167,7 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
         t0 = 0.0 if not np.isfinite(t0) else t0
         rank_ids = [r for r, _ in ranks]
         meta = _meta(frames, ranks, t0)
-        memory = _memory_frame(frames, rank_ids, t0)
-        counters = _counters_frame(frames, rank_ids, t0)
-        events = _events_frame(frames, rank_ids, t0)
+        memory = memory_frame(frames, rank_ids, t0)
+        counters = counters_frame(frames, rank_ids, t0)
+        events = events_frame(frames, rank_ids, t0)
     return Trace(events=events, meta=meta, memory=memory, counters=counters)

@@ -67,17 +67,15 @@ def assign_steps(kind: np.ndarray, name_codes: np.ndarray, names: list[str], ts:
 
 
 def bind_flows(kind: np.ndarray, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray,
-               flows: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
-    """(flow_id per row with MISSING, number of flow events that bound to no row)."""
-    out = np.full(len(kind), MISSING, np.int64)
+               flows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows that got a flow, their flow ids, number of flow events that bound to no row)."""
     n_flows = len(flows.get("id", ()))
     if n_flows == 0:
-        return out, 0
+        return np.empty(0, np.int64), np.empty(0, np.int64), 0
     cand = np.flatnonzero(np.isin(kind, FLOW_TARGETS))
     rows = pd.DataFrame({"pid": pid[cand], "tid": tid[cand], "ts": ts[cand], "row": cand})
     fl = pd.DataFrame({"pid": flows["pid"], "tid": flows["tid"], "ts": flows["ts"], "id": flows["id"],
                        "flow": np.arange(n_flows)})
     hit = fl.merge(rows, on=["pid", "tid", "ts"], how="inner", sort=False)
     hit = hit.drop_duplicates("flow").drop_duplicates("row")
-    out[hit["row"].to_numpy()] = hit["id"].to_numpy()
-    return out, n_flows - len(hit)
+    return hit["row"].to_numpy(np.int64), hit["id"].to_numpy(np.int64), n_flows - len(hit)
