@@ -98,16 +98,16 @@ def step_windows(trace) -> pd.DataFrame:
 
 def _category_codes(ev: pd.DataFrame) -> np.ndarray:
     """Index into CATEGORIES per row, -1 for rows that count nowhere (markers, GPU annotations)."""
-    kind = ev["kind"].astype(str).to_numpy()
+    kind = ev["kind"]  # categorical: comparisons run on its integer codes
     code = np.full(len(ev), -1, dtype=np.int8)
-    ktype = kt.kernel_type(ev).astype(str).to_numpy()
-    code[kind == "kernel"] = CATEGORIES.index("kernel")
-    code[kind == "gpu_memcpy"] = CATEGORIES.index("memcpy")
-    code[kind == "gpu_memset"] = CATEGORIES.index("memset")
-    code[(kind == "kernel") & (ktype == kt.COMMUNICATION)] = CATEGORIES.index("communication")
-    code[np.isin(kind, _RUNTIME_KINDS)] = CATEGORIES.index("runtime")
-    code[kind == "cpu_op"] = CATEGORIES.index("cpu_only")
-    code[np.isin(kind, _OTHER_KINDS)] = CATEGORIES.index("other")
+    is_kernel = (kind == "kernel").to_numpy()
+    code[is_kernel] = CATEGORIES.index("kernel")
+    code[(kind == "gpu_memcpy").to_numpy()] = CATEGORIES.index("memcpy")
+    code[(kind == "gpu_memset").to_numpy()] = CATEGORIES.index("memset")
+    code[is_kernel & kt.is_communication(ev)] = CATEGORIES.index("communication")
+    code[kind.isin(_RUNTIME_KINDS).to_numpy()] = CATEGORIES.index("runtime")
+    code[(kind == "cpu_op").to_numpy()] = CATEGORIES.index("cpu_only")
+    code[kind.isin(_OTHER_KINDS).to_numpy()] = CATEGORIES.index("other")
     code[_is_step_marker(ev["name"])] = -1  # the step markers span the whole step
     return code
 
@@ -162,7 +162,6 @@ def gpu_activity(trace, with_launch: bool = False) -> pd.DataFrame:
     rt = (rt.loc[rt["correlation"].notna(), ["rank", "correlation", "name", "ts_us", "dur_us"]]
           .sort_values("ts_us", kind="stable").drop_duplicates(["rank", "correlation"]))
     rt = rt.rename(columns={"name": "launch_name", "ts_us": "launch_ts_us", "dur_us": "launch_dur_us"})
-    rt["launch_name"] = rt["launch_name"].astype(str)
     keys = g[["rank", "correlation"]].reset_index()
     m = keys.merge(rt, on=["rank", "correlation"], how="left").set_index("index")
     return g.assign(launch_name=m["launch_name"], launch_ts_us=m["launch_ts_us"].astype(float),

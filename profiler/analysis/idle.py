@@ -69,7 +69,7 @@ def _gaps(o: pd.DataFrame, kernel_wait_threshold_us: float) -> pd.DataFrame:
     return pd.DataFrame({
         "rank": o["rank"].to_numpy(), "device": o["device"].to_numpy(), "stream": o["stream"].to_numpy(),
         "gap_start_us": start, "gap_end_us": o["ts_us"].to_numpy(), "gap_us": gap,
-        "next_name": o["name"].astype(str).to_numpy(), "next_launch_ts_us": launch,
+        "next_name": o["name"].array, "next_launch_ts_us": launch,
         "host_wait_us": host, "kernel_wait_us": np.where(short, rest, 0.0),
         "other_us": np.where(short, 0.0, rest)})
 

@@ -150,14 +150,14 @@ def is_communication(rows: pd.DataFrame) -> np.ndarray:
 
 def kernel_type(rows: pd.DataFrame) -> pd.Series:
     """Kernel type per GPU-activity row (computation/communication/memory); NaN for other kinds."""
-    kind = rows["kind"].astype(str).to_numpy() if len(rows) else np.empty(0, dtype=object)
-    out = np.full(len(rows), None, dtype=object)
-    is_kernel = kind == "kernel"
-    out[is_kernel] = COMPUTATION
-    out[is_kernel & names_match(rows["name"], MEMORY_KERNEL_PATTERNS)] = MEMORY
-    out[is_communication(rows)] = COMMUNICATION
-    out[np.isin(kind, MEMORY_KINDS)] = MEMORY
-    return pd.Series(pd.Categorical(out, categories=list(KERNEL_TYPES)), index=rows.index, name="kernel_type")
+    code = np.full(len(rows), -1, dtype=np.int8)  # codes into KERNEL_TYPES; -1 = not GPU activity
+    is_kernel = (rows["kind"] == "kernel").to_numpy()
+    code[is_kernel] = KERNEL_TYPES.index(COMPUTATION)
+    code[is_kernel & names_match(rows["name"], MEMORY_KERNEL_PATTERNS)] = KERNEL_TYPES.index(MEMORY)
+    code[is_communication(rows)] = KERNEL_TYPES.index(COMMUNICATION)
+    code[rows["kind"].isin(MEMORY_KINDS).to_numpy()] = KERNEL_TYPES.index(MEMORY)
+    cat = pd.Categorical.from_codes(code, categories=list(KERNEL_TYPES))
+    return pd.Series(cat, index=rows.index, name="kernel_type")
 
 
 def collective(rows: pd.DataFrame) -> pd.Series:

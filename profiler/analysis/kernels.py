@@ -50,14 +50,15 @@ def _stats(g: pd.DataFrame, keys: list[str], by_rank: bool) -> pd.DataFrame:
 def kernel_breakdown(trace, by_rank: bool = False) -> pd.DataFrame:
     """Columns: `[rank,] name, kernel_type, count, total_us, mean_us, min_us, max_us, std_us, share`."""
     g = gpu_activity(trace)
-    g = g.assign(name=g["name"].astype(str))
-    # A name has one type, except that collective args may mark only some calls: take the
-    # row type of its majority of time by ranking communication > memory > computation.
-    out = _stats(g, ["name"], by_rank)
-    rank_order = {kt.COMMUNICATION: 0, kt.MEMORY: 1, kt.COMPUTATION: 2}
-    types = (g[["name", "kernel_type"]].assign(_o=g["kernel_type"].astype(str).map(rank_order))
-             .sort_values("_o", kind="stable").drop_duplicates("name"))
-    out = out.merge(types[["name", "kernel_type"]], on="name", how="left")
+    out = _stats(g, ["name"], by_rank)  # grouped on the categorical codes; names become str below
+    out["name"] = out["name"].astype(object).astype(str)
+    # A name has one type, except that collective args may mark only some of its calls: then the
+    # name is communication (ranking communication > memory > computation).
+    order = np.array([2, 0, 1])[g["kernel_type"].cat.codes.to_numpy()]  # KERNEL_TYPES -> rank
+    best = pd.Series(order).groupby(g["name"].cat.codes.to_numpy()).min()
+    by_code = pd.Series(np.array([kt.COMMUNICATION, kt.MEMORY, kt.COMPUTATION])[best.to_numpy()],
+                        index=np.asarray(g["name"].cat.categories, dtype=object)[best.index.to_numpy()])
+    out["kernel_type"] = pd.Categorical(out["name"].map(by_code), categories=list(kt.KERNEL_TYPES))
     cols = (["rank"] if by_rank else []) + ["name", "kernel_type", "count", "total_us", "mean_us",
                                              "min_us", "max_us", "std_us", "share"]
     return out[cols]
@@ -68,10 +69,11 @@ def kernel_breakdown(trace, by_rank: bool = False) -> pd.DataFrame:
 def kernel_launch_config_breakdown(trace, by_rank: bool = False) -> pd.DataFrame:
     """Like `kernel_breakdown`, grouped by name and grid/block dims (kernels only)."""
     g = trace.kernels
-    g = g.assign(name=g["name"].astype(str), kernel_type=kt.kernel_type(g))
+    g = g.assign(kernel_type=kt.kernel_type(g))
     dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
     g = g.assign(**{d: g[d].astype("float64") for d in dims})  # NaN-safe group keys
     out = _stats(g, ["name", "kernel_type"] + dims, by_rank)
+    out["name"] = out["name"].astype(object).astype(str)
     for d in dims:
         out[d] = out[d].astype("Int32")
     out["blocks"] = (out["grid_x"] * out["grid_y"] * out["grid_z"]).astype("Int64")
@@ -117,13 +119,13 @@ def kernel_type_breakdown(trace) -> KernelTypeBreakdown:
     g = gpu_activity(trace)
     ranks = sorted(set(trace.ranks) | set(g["rank"].unique().tolist()))
     idx = pd.MultiIndex.from_product([ranks, list(kt.KERNEL_TYPES)], names=["rank", "kernel_type"])
-    agg = (g.assign(kernel_type=g["kernel_type"].astype(str))
-           .groupby(["rank", "kernel_type"]).agg(count=("dur_us", "size"), total_us=("dur_us", "sum"))
+    agg = (g.groupby(["rank", "kernel_type"], observed=True).agg(count=("dur_us", "size"), total_us=("dur_us", "sum"))
            .reindex(idx, fill_value=0))
     rank = g["rank"].to_numpy(np.int64)
     ts, end = g["ts_us"].to_numpy(float), g["end_us"].to_numpy(float)
-    ktype = g["kernel_type"].astype(str).to_numpy()
-    unions = {t: iv.union_by_group(rank[ktype == t], ts[ktype == t], end[ktype == t]) for t in kt.KERNEL_TYPES}
+    tcode = g["kernel_type"].cat.codes.to_numpy()
+    sel = {t: tcode == i for i, t in enumerate(kt.KERNEL_TYPES)}
+    unions = {t: iv.union_by_group(rank[sel[t]], ts[sel[t]], end[sel[t]]) for t in kt.KERNEL_TYPES}
     busy = pd.concat({t: u.total_by_group() for t, u in unions.items()}, names=["kernel_type", "rank"])
     agg["busy_us"] = busy.swaplevel().reindex(idx, fill_value=0.0) if len(busy) else 0.0
     table = agg.reset_index()

@@ -92,7 +92,6 @@ def _delays(o: pd.DataFrame) -> pd.DataFrame:
     prev = o["prev_reach_us"].to_numpy(float)
     empty = ~np.isnan(launch) & (np.isnan(prev) | (launch >= prev))
     out = o[["rank", "device", "stream", "name", "ts_us", "dur_us", "launch_name", "launch_ts_us"]].copy()
-    out["name"] = out["name"].astype(str)
     out["launch_delay_us"] = out["ts_us"] - out["launch_ts_us"]
     out["empty_queue"] = empty
     return out.reset_index(drop=True)
@@ -135,12 +134,14 @@ def launch_stats(trace, k_mad: float = 5.0, max_outliers: int = 50, busy_thresho
     threshold = float(q[0] + max(k_mad * 1.4826 * mad, 1.0)) if len(delay) else np.nan
     out_rows = matched[matched["launch_delay_us"] > threshold]
     outliers = out_rows.nlargest(max_outliers, "launch_delay_us").drop(columns="empty_queue").reset_index(drop=True)
+    outliers = outliers.astype({"name": object, "launch_name": object}).astype({"name": str, "launch_name": str})
 
     rt = trace.of_kind("cuda_runtime", "cuda_driver")
     rt = rt[names_match(rt["name"], LAUNCH_API_PATTERNS)]
-    apis = (rt.assign(launch_name=rt["name"].astype(str)).groupby("launch_name")
-            .agg(calls=("dur_us", "size"), total_us=("dur_us", "sum"), mean_us=("dur_us", "mean"))
-            .sort_values("total_us", ascending=False).reset_index())
+    apis = (rt.groupby("name", observed=True).agg(calls=("dur_us", "size"), total_us=("dur_us", "sum"),
+                                                  mean_us=("dur_us", "mean"))
+            .sort_values("total_us", ascending=False).reset_index().rename(columns={"name": "launch_name"}))
+    apis["launch_name"] = apis["launch_name"].astype(object).astype(str)
 
     dur = d["dur_us"].to_numpy(float)
     short = _short_kernels(dur, SHORT_KERNEL_THRESHOLDS_US)
