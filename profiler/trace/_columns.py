@@ -78,14 +78,37 @@ _PID, _TID, _ID, _ARGS = (attrgetter(a) for a in ("pid", "tid", "id", "args"))
 _DIGITS = re.compile(r"-?\d+")
 
 
+class Growable:
+    """An append-only array grown by doubling: chunks land in one large allocation (no list of
+    small pieces to concatenate, no heap fragmentation); untouched capacity costs no RSS."""
+
+    def __init__(self, first: np.ndarray, capacity: int) -> None:
+        self.buf = np.empty((max(capacity, len(first)),) + first.shape[1:], first.dtype)
+        self.n = 0
+        self.append(first)
+
+    def append(self, piece: np.ndarray) -> None:
+        need = self.n + len(piece)
+        if need > len(self.buf):
+            bigger = np.empty((max(need, 2 * len(self.buf)),) + self.buf.shape[1:], self.buf.dtype)
+            bigger[:self.n] = self.buf[:self.n]
+            self.buf = bigger
+        self.buf[self.n:need] = piece
+        self.n = need
+
+    def array(self) -> np.ndarray:
+        return self.buf[:self.n]
+
+
 @dataclass
 class Accumulator:
     """Per-chunk column pieces of one file, concatenated once at the end."""
 
-    rows: dict[str, list] = field(default_factory=dict)  # dense columns: one array per chunk
-    sparse: dict[str, list] = field(default_factory=dict)  # kind-specific: (row index, values) per chunk
-    flows: dict[str, list] = field(default_factory=dict)
-    memory: dict[str, list] = field(default_factory=dict)
+    rows: dict[str, Growable] = field(default_factory=dict)  # dense columns
+    sparse: dict[str, tuple[Growable, Growable]] = field(default_factory=dict)  # (row index, values)
+    flows: dict[str, Growable] = field(default_factory=dict)
+    memory: dict[str, Growable] = field(default_factory=dict)
+    capacity: int = 1 << 16  # initial rows per column (decode sets it from the file size)
     counters: list[tuple] = field(default_factory=list)
     process_names: dict[str, str] = field(default_factory=dict)
     thread_names: dict[str, str] = field(default_factory=dict)
@@ -94,8 +117,19 @@ class Accumulator:
     id_cache: dict[str, int] = field(default_factory=dict)
     n_rows: int = 0
 
-    def add(self, table: dict[str, list], col: str, piece: Any) -> None:
-        table.setdefault(col, []).append(piece)
+    def add(self, table: dict[str, Growable], col: str, piece: np.ndarray) -> None:
+        if col in table:
+            table[col].append(piece)
+        else:
+            table[col] = Growable(piece, self.capacity if table is self.rows else self.capacity // 8)
+
+    def add_sparse(self, col: str, where: np.ndarray, vals: np.ndarray) -> None:
+        if col in self.sparse:
+            self.sparse[col][0].append(where)
+            self.sparse[col][1].append(vals)
+        else:
+            cap = self.capacity // 8
+            self.sparse[col] = (Growable(where, cap), Growable(vals, cap))
 
     def encode(self, col: str, values: list) -> np.ndarray:
         """int32 codes into this file's vocabulary of `col` (-1 for None): hashing in C."""
@@ -243,7 +277,7 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
         if where is None:  # every row carries it: a dense column
             acc.add(R, col, vals if vals is not None else _empty(vtype, n))
         elif vals is not None:  # kind-specific: kept sparse as (row index, values)
-            acc.add(acc.sparse, col, (where + offset, vals))
+            acc.add_sparse(col, where + offset, vals)
 
 
 def _flows(evs: list, idx: np.ndarray, codes: np.ndarray, acc: Accumulator, skipped: Counter) -> None:

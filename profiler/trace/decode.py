@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import numpy as np
 
 from profiler.trace import _columns as C
 from profiler.trace._structs import (DOC_DECODER, EVENT_DECODER, EVENTS_DECODER, RAW_LIST_DECODER,
@@ -152,25 +153,35 @@ def _file_meta(doc: Any) -> dict[str, Any]:
     return meta
 
 
+def _offset_in(view: memoryview, buf: Any) -> int:
+    """Byte offset of `view` (a slice of `buf`, as msgspec.Raw is) inside `buf`."""
+    addr = np.frombuffer(view, np.uint8).ctypes.data
+    start = np.frombuffer(buf, np.uint8).ctypes.data
+    if not start <= addr <= start + len(buf):
+        raise ValueError("view is not inside buf")
+    return addr - start
+
+
 def decode_payload(payload: Payload) -> FileData:
     """Decode one file into columns; raises TraceError (one line, naming the file) when unusable."""
     doc, view = _top_level(payload)
     meta = _file_meta(doc)
     del doc
     skipped: Counter = Counter()
-    acc = C.Accumulator()
+    acc = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250))  # ~250 B of JSON per kept row
     release = None
     buf = payload.buf
     if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-        base = view.obj is buf
-        buf.madvise(mmap.MADV_DONTNEED)  # the validation pass touched every page: drop them
+        # The validation pass touched every page of the mapped file: drop them, and drop each
+        # chunk's pages once decoded, so the file never sits in RSS next to the columns.
+        base = _offset_in(view, buf)
+        buf.madvise(mmap.MADV_DONTNEED)
 
-        def release(start: int, stop: int) -> None:  # drop pages of chunks already decoded
-            if base:
-                lo = (start // mmap.PAGESIZE) * mmap.PAGESIZE
-                hi = (stop // mmap.PAGESIZE) * mmap.PAGESIZE
-                if hi > lo:
-                    buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        def release(start: int, stop: int) -> None:
+            lo = ((base + start) // mmap.PAGESIZE) * mmap.PAGESIZE
+            hi = ((base + stop) // mmap.PAGESIZE) * mmap.PAGESIZE
+            if hi > lo:
+                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
     total = 0
     for events, chunk in _iter_event_lists(view, payload.label, skipped, release):
         total += len(events)

@@ -43,22 +43,17 @@ def _cat(pieces: list) -> Any:
     return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
-def _cat(pieces: list) -> Any:
-    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-
-
 def _file_frame(fd: FileData) -> FileFrame:
     """Concatenate one file's chunks (column by column, freeing the pieces) and resolve its links."""
     acc = fd.acc
-    cols = {k: _cat(acc.rows.pop(k)) for k in list(acc.rows)}
+    cols = {k: acc.rows.pop(k).array() for k in list(acc.rows)}
     if not cols:
         cols = {"ts": np.empty(0), "dur": np.empty(0), "kind": np.empty(0, np.int8),
                 "name": np.empty(0, np.int32), "pid": np.empty(0, np.int64), "tid": np.empty(0, np.int64),
                 "correlation": np.empty(0, np.int64), "external_id": np.empty(0, np.int64)}
     sparse: dict[str, tuple[np.ndarray, Any]] = {}
     for col in list(acc.sparse):
-        pieces = acc.sparse.pop(col)
-        idx, vals = _cat([p[0] for p in pieces]), _cat([p[1] for p in pieces])
+        idx, vals = (g.array() for g in acc.sparse.pop(col))
         if col in ("grid", "block"):  # (m, 3) -> three columns
             for j, axis in enumerate("xyz"):
                 sparse[f"{col}_{axis}"] = (idx, np.ascontiguousarray(vals[:, j]))
@@ -73,13 +68,13 @@ def _file_frame(fd: FileData) -> FileFrame:
             pos = np.searchsorted(gpu, idx)
             vals[pos] = np.where(got != MISSING, got, vals[pos])
         sparse[col] = (gpu, vals)
-    flows = {k: _cat(v) for k, v in acc.flows.items()}
+    flows = {k: v.array() for k, v in acc.flows.items()}
     rows, ids, unbound = links.bind_flows(kind, cols["pid"], cols["tid"], cols["ts"], flows)
     sparse["flow_id"] = (rows, ids)
     vocab = {col: list(v) for col, v in acc.vocab.items()}
     cols["step"] = links.assign_steps(kind, cols["name"], vocab.get("name", []), cols["ts"], cols["dur"],
                                       cols["correlation"])
-    memory = {k: _cat(v) for k, v in acc.memory.items()}
+    memory = {k: v.array() for k, v in acc.memory.items()}
     return FileFrame(fd.label, cols, sparse, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound)
 
 
