@@ -228,10 +228,11 @@ def raw_gpu(name: str) -> list[dict]:
     return [dict(e, kind=RAW_KINDS[e.get("cat")]) for e in raw_events(name) if e.get("cat") in RAW_KINDS]
 
 
+@lru_cache(maxsize=4)
 def columnar_trace(n_kernels: int, n_steps: int = 4, seed: int = 0):
     """A one-rank Trace built straight from columns (no JSON): `n_kernels` kernels over 5 names
     (one a collective) on 2 streams, each with a `cudaLaunchKernel` and a `cpu_op`, 200 memcpys,
-    and `n_steps` ProfilerSteps. For scaling checks: cost must not grow with Python calls per event."""
+    and `n_steps` ProfilerSteps. For scaling checks: cost must not grow with Python calls per event. Cached: do not mutate."""
     import numpy as np
     import pandas as pd
 
