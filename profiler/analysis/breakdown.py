@@ -113,7 +113,8 @@ def _category_codes(ev: pd.DataFrame) -> np.ndarray:
 
 
 @register_analysis("step_breakdown", "Step time breakdown",
-                   "Per rank and ProfilerStep: kernel, memcpy, memset, communication, runtime, CPU-only, other, idle; each µs counted once")
+                   "Per rank and ProfilerStep: kernel, memcpy, memset, communication, runtime, CPU-only, "
+                   "other, idle; each µs counted once")
 def step_breakdown(trace) -> pd.DataFrame:
     """Per (rank, step): window and µs per category in priority order; categories sum to duration.
 

@@ -101,7 +101,8 @@ TENSOR_CORE_PATTERNS: tuple[NamePattern, ...] = _check_unique((
     NamePattern("cutlass_sm9", r"cutlass.*sm(90|100|120)", "CUTLASS 3.x Hopper+ GEMMs (WGMMA)"),
     NamePattern("gmma", r"gmma", "Hopper GMMA (cutlass::gemm::...Gmma...)"),
     NamePattern("amd_mfma", r"^Cijk_.*_MI\d+x\d+|mfma|xdlops|_xdl_|gemm_xdl", "AMD MFMA: Tensile Cijk_*_MI16x16x1, CK xdl"),
-    NamePattern("flash_attention", r"flash_fwd|flash_bwd|flash::|fmha_cutlass[fb]_(f16|bf16)|fmha_.*(f16|bf16)|sdpa", "FlashAttention / fused MHA (half precision)"),
+    NamePattern("flash_attention", r"flash_fwd|flash_bwd|flash::|fmha_cutlass[fb]_(f16|bf16)|fmha_.*(f16|bf16)|sdpa",
+                "FlashAttention / fused MHA (half precision)"),
 ), "tensor core")
 
 

@@ -151,9 +151,13 @@ def launch_stats(trace, k_mad: float = 5.0, max_outliers: int = 50, busy_thresho
     short10 = float((dur < 10.0).mean()) if len(dur) else float("nan")
     gaps = _gaps(o, DEFAULT_KERNEL_WAIT_THRESHOLD_US)
     checks = (
-        (busy_share < busy_threshold, f"GPU busy {_pct(busy_share)} of its span (launch-bound needs < {_pct(busy_threshold)})"),
-        (idle_launch >= idle_launch_threshold, f"{_pct(idle_launch)} of kernels were launched into an empty stream queue (needs >= {_pct(idle_launch_threshold)})"),
-        (short10 >= short_share_threshold, f"{_pct(short10)} of kernels are shorter than 10 µs (needs >= {_pct(short_share_threshold)})"),
+        (busy_share < busy_threshold,
+         f"GPU busy {_pct(busy_share)} of its span (launch-bound needs < {_pct(busy_threshold)})"),
+        (idle_launch >= idle_launch_threshold,
+         f"{_pct(idle_launch)} of kernels were launched into an empty stream queue "
+         f"(needs >= {_pct(idle_launch_threshold)})"),
+        (short10 >= short_share_threshold,
+         f"{_pct(short10)} of kernels are shorter than 10 µs (needs >= {_pct(short_share_threshold)})"),
     )
     verdict = bool(len(dur)) and all(bool(ok) for ok, _ in checks)
     return LaunchStats(
