@@ -27,6 +27,7 @@ LAUNCH_KINDS = ("cuda_runtime", "cuda_driver")
 SCOPE_KINDS = ("op", "annotation", "module")  # codes 0, 1, 2
 PATH_SEP = " > "
 LINKS = ("external_id", "containment", "none")
+MODULE_VIA = ("scope", "backward_sequence")
 THREAD_KEYS = ["rank", "pid", "tid"]
 
 
@@ -192,6 +193,7 @@ def attribution(trace) -> Attribution:
 
     op = _at(nearest_op, leaf)
     mod = _at(nearest_mod, leaf)
+    mod, via_backward = _backward_modules(nest, scopes, kind_sorted, nearest_mod, _at(top_op, leaf), mod)
     kernels = pd.DataFrame({
         "event_index": gpu.index.to_numpy(),
         "rank": gpu["rank"].to_numpy(),
@@ -212,6 +214,7 @@ def attribution(trace) -> Attribution:
         "top_op": _categorical(_at(codes_sorted, _at(top_op, leaf)), cats),
         "module": _categorical(_at(codes_sorted, mod), cat_text),
         "module_path": _categorical(_at(mod_code, mod), mod_strings),
+        "module_via": pd.Categorical.from_codes(np.where(mod < 0, -1, via_backward.astype(np.int64)), MODULE_VIA),
         "scope_path": _categorical(_at(path, leaf), p_str),
     })
     dur = kernels["dur_us"].to_numpy(np.float64)
@@ -220,6 +223,26 @@ def attribution(trace) -> Attribution:
     tree = _tree(path, p_parent, p_kind, p_text, p_depth, p_str, _at(path, leaf), dur,
                  kname.cat.codes.to_numpy(np.int64), np.asarray(kname.cat.categories.astype(str), dtype=object))
     return Attribution(kernels=kernels, tree=tree, ops=ops, ops_by_dims=ops_by_dims)
+
+
+def _backward_modules(nest, scopes, kind_sorted, nearest_mod, top, mod) -> tuple[np.ndarray, np.ndarray]:
+    """Backward kernels (outside any module scope) take the module of their forward op: the
+    op with the same (rank, autograd sequence number) that runs inside a module, as the
+    TensorBoard profiler did. Returns (module scope per GPU row, bool: found this way)."""
+    seq = scopes["sequence_number"].to_numpy(np.float64, na_value=np.nan)[nest.order]
+    rank = scopes["rank"].to_numpy(np.int64)[nest.order]
+    fwd = (kind_sorted == 0) & ~np.isnan(seq) & (nearest_mod >= 0)
+    need = (mod < 0) & (top >= 0)
+    need[need] = ~np.isnan(seq[top[need]])
+    if not fwd.any() or not need.any():
+        return mod, np.zeros(len(mod), bool)
+    table = pd.DataFrame({"rank": rank[fwd], "seq": seq[fwd], "fwd_mod": nearest_mod[fwd]})
+    table = table.drop_duplicates(["rank", "seq"])
+    q = pd.DataFrame({"rank": rank[top[need]], "seq": seq[top[need]]})
+    got = q.merge(table, on=["rank", "seq"], how="left")["fwd_mod"].fillna(-1).to_numpy(np.int64)
+    out = mod.copy()
+    out[np.flatnonzero(need)] = got
+    return out, (out >= 0) & (mod < 0)
 
 
 def _at(values: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -74,7 +74,7 @@ def by_name(a, name):
 def test_nested_op_kernel_goes_to_innermost_op_and_its_parents(nested):
     k = by_name(nested, "gemm")
     assert (k["op"], k["top_op"], k["module"], k["link"]) == ("aten::addmm", "aten::linear", "Block_0", "external_id")
-    assert k["module_path"] == "Model_0 > Block_0"
+    assert k["module_path"] == "Model_0 > Block_0" and k["module_via"] == "scope"
     assert k["scope_path"] == "Model_0 > Block_0 > aten::linear > aten::addmm"
     b = by_name(nested, "bias_add")
     assert (b["op"], b["link"], b["launch_name"]) == ("aten::linear", "containment", "cudaLaunchKernel")
@@ -217,3 +217,20 @@ def test_graph_replay_trace_attributes_graph_kernels_to_the_launch():
     assert len(g) == 421
     assert (g["link"] != "none").all()
     assert np.isfinite(g["launch_ts_us"]).all()
+
+
+def test_backward_kernel_gets_the_module_of_its_forward_op(tmp_path):
+    t = SynthTrace()
+    module(t, "Linear_0", 0, 50)
+    t.cpu_op("aten::linear", 5, 30, ext=t.new_ext(), **{"Sequence number": 7, "Fwd thread id": 0})
+    bw = HOST_TID + 1
+    ext = t.new_ext()
+    t.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", 100, 40, ext=t.new_ext(), tid=bw,
+             **{"Sequence number": 7, "Fwd thread id": 1})
+    t.cpu_op("aten::mm", 110, 20, ext=ext, tid=bw)
+    c = t.new_corr()
+    t.runtime("cudaLaunchKernel", 112, 3, corr=c, ext=ext, tid=bw)
+    t.kernel("sgemm_bw", 150, 10, corr=c, ext=ext)
+    k = attribution(load(t, tmp_path)).kernels.iloc[0]
+    assert (k["op"], k["top_op"]) == ("aten::mm", "autograd::engine::evaluate_function: AddmmBackward0")
+    assert (k["module"], k["module_via"]) == ("Linear_0", "backward_sequence")
