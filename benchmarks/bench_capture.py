@@ -2,8 +2,10 @@
 
 Variants, interleaved round by round (harness protocol), per model:
 - eager:          the step with no profiler (the baseline);
-- kineto:         torch.profiler active (CPU activity; + CUDA on GPU), no shapes;
-- kineto+shapes:  record_shapes=True: the capture's default mode (target: <= 5% over eager);
+- kineto:         torch.profiler active (CPU activity; + CUDA on GPU), no shapes: the capture's
+                  default mode (target: <= 5% over eager; joined ops get their shapes from the
+                  untimed cost pass instead);
+- kineto+shapes:  record_shapes=True (--shapes);
 - +memory:        record_shapes + profile_memory (heavier: one event per allocation);
 - +stack:         record_shapes + with_stack (heavier: Python stacks per op).
 Each round enters a fresh profiler (untimed), runs one warm step, then times `--inner` steps;
@@ -108,13 +110,13 @@ def main() -> None:
                     over = [100 * (1 / r - 1) for r in (r80, r50, r20)]
                     rows.append(dict(benchmark="capture_overhead", variant=variant, shape=shape,
                                      metric=f"{metric.replace('_s', '')}_overhead", p20=over[0], p50=over[1],
-                                     p80=over[2], unit="%", notes="per-round variant/eager - 1; target <= 5% for kineto+shapes"))
+                                     p80=over[2], unit="%", notes="per-round variant/eager - 1; default mode = kineto (target <= 5%)"))
                     if metric == "cpu_s":
                         table.append([name, variant, percentiles(t.cpu_s["eager"])[1] * 1e3, over[1],
                                       100 * (1 / t.ratio("eager", variant, "wall_s")[1] - 1)])
         fc = fixed_costs(name, args.size, args.mode, args.device)
         for key, value in fc.items():
-            rows.append(dict(benchmark="capture_fixed", variant="kineto+shapes+flops", shape=shape, metric=key,
+            rows.append(dict(benchmark="capture_fixed", variant="kineto+flops (default)", shape=shape, metric=key,
                              p20=value, p50=value, p80=value, unit="s", notes="one full capture (5 steps), single run"))
         table.append([name, "fixed: flops pass / export / load (s)", fc.get("flops_pass_s", 0.0),
                       fc.get("export_s", 0.0), fc.get("load_s", 0.0)])

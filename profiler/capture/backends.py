@@ -54,6 +54,9 @@ class CapturePlan:
 
     wait: steps run unprofiled first; warmup: profiled but discarded (Kineto warm-up);
     active: steps kept in the trace. nvml: sample NVML counters when on CUDA.
+    record_shapes: Kineto records every op's input shapes in the timed steps (heavier, see
+    benchmarks/bench_capture.py); off by default because every op the cost pass matches gets its
+    shapes and dtypes from that untimed pass, in the same format.
     flops: run the separate untimed FLOPs/bytes pass and join it to the trace.
     """
 
@@ -63,7 +66,7 @@ class CapturePlan:
     wait: int = 1
     warmup: int = 1
     active: int = 3
-    record_shapes: bool = True
+    record_shapes: bool = False
     profile_memory: bool = False
     with_stack: bool = False
     nvml: bool = True

@@ -5,10 +5,12 @@ aten::linear arrive decomposed into aten::t + aten::addmm) and writes one row pe
 `name` (as the profiler spells it, "aten::addmm"), `flops` (from `formulas.FLOP_FORMULAS`, then
 the pointwise/reduction/foreach rules, then known zero-FLOP data movement; NaN when unknown) and
 `bytes_moved`, an algorithmic lower bound (inputs + outputs at their dtypes, views 0; see
-formulas.py). `join.py` joins these rows to the profiled cpu_op rows.
+formulas.py), plus `input_dims`/`input_types` in Kineto's record_shapes format, so a capture
+gets every joined op's shapes without paying record_shapes in the timed steps. `join.py` joins these rows to the profiled cpu_op rows.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,7 +23,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from profiler.capture import formulas as fm
 
 COST_COLUMNS = {"step": "int32", "seq": "int64", "name": "string", "overload": "string",
-                "flops": "float64", "bytes_moved": "float64", "rule": "string"}
+                "flops": "float64", "bytes_moved": "float64", "rule": "string",
+                "input_dims": "string", "input_types": "string"}
+
+# torch dtype -> the name Kineto writes in "Input type" (c10 TypeMeta names).
+KINETO_DTYPE_NAMES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+    torch.uint8: "unsigned char", torch.bool: "bool", torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
 
 # Ops that move or make data but do no arithmetic (FLOPs 0, bytes by the default rule).
 ZERO_FLOP_OPS = frozenset({
@@ -89,6 +100,40 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[float, str
     return math.nan, "unknown"
 
 
+def _dims_and_type(value: Any, wants_tensor: bool = False) -> tuple[Any, str]:
+    if wants_tensor and isinstance(value, (bool, int, float)):  # a wrapped-number tensor
+        return [], {bool: "bool", int: "long int", float: "double"}[type(value)]
+    if isinstance(value, torch.Tensor):
+        return list(value.shape), KINETO_DTYPE_NAMES.get(value.dtype, str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, torch.Tensor) for v in value):
+            return [list(v.shape) for v in value], "TensorList"
+        return [], "ScalarList"
+    if value is None:
+        return [], ""
+    if isinstance(value, (bool, int, float, complex, torch.SymInt, torch.SymFloat, torch.dtype,
+                          torch.memory_format, torch.layout)):
+        return [], "Scalar"
+    return [], ""  # strings, devices, ...: Kineto writes an empty type
+
+
+def signature(func: Any, args: tuple, kwargs: dict) -> tuple[str, str]:
+    """(input_dims, input_types) as Kineto writes them with record_shapes: one entry per schema
+    argument (defaults filled), compact JSON, so the untimed pass can supply shapes."""
+    dims, types = [], []
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            value = args[i]
+        elif arg.name in kwargs:
+            value = kwargs[arg.name]
+        else:
+            value = arg.default_value if arg.has_default_value() else None
+        d, t = _dims_and_type(value, str(arg.type) == "Tensor")
+        dims.append(d)
+        types.append(t)
+    return json.dumps(dims, separators=(",", ":")), json.dumps(types, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class OpCost:
     """One recorded aten op. bytes_moved is an algorithmic lower bound (inputs + outputs, views 0)."""
@@ -100,6 +145,8 @@ class OpCost:
     flops: float
     bytes_moved: float
     rule: str
+    input_dims: str
+    input_types: str
 
 
 class OpCostRecorder(TorchDispatchMode):
@@ -132,7 +179,7 @@ class OpCostRecorder(TorchDispatchMode):
         except Exception as exc:  # a formula that cannot read these args: say so, keep running
             flops, rule = math.nan, f"error: {type(exc).__name__}"
         self.rows.append(OpCost(self.step, self._seq, func._schema.name, func._overloadname, flops,
-                                float(op_bytes(func, args, kwargs, out)), rule))
+                                float(op_bytes(func, args, kwargs, out)), rule, *signature(func, args, kwargs)))
         self._seq += 1
         return out
 

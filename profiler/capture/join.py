@@ -14,7 +14,8 @@ recorded step, the same program every step) is matched greedily in order:
   recorder sees detaches autograd makes for saved tensors that the profiler does not show) and
   every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
 
-GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost of the matched op that launched them: their
+Matched ops without recorded shapes (record_shapes off, the default) get `input_dims` and
+`input_types` from the cost pass, in Kineto's format. GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost of the matched op that launched them: their
 External id names the innermost launching cpu_op, and the matched op containing it on the same
 thread is found by interval. One op with several GPU rows splits its FLOPs and bytes over them in
 proportion to their duration. Bytes are an algorithmic lower bound (inputs + outputs, views 0).
@@ -156,6 +157,11 @@ def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame,
     costs = costs[~views]
     recorded = costs["name"].astype(str).tolist()
     rec_flops, rec_bytes = costs["flops"].to_numpy(), costs["bytes_moved"].to_numpy()
+    has_sig = "input_dims" in costs.columns
+    rec_dims = costs["input_dims"].to_numpy(dtype=object) if has_sig else None
+    rec_types = costs["input_types"].to_numpy(dtype=object) if has_sig else None
+    dims = events["input_dims"].to_numpy(dtype=object, copy=True)
+    types = events["input_types"].to_numpy(dtype=object, copy=True)
     ops = events[events["kind"] == "cpu_op"]
     ops = ops.assign(_step=_steps_of(events, ops)).dropna(subset=["_step"])
     steps = recorded_total = matched_total = 0
@@ -167,6 +173,10 @@ def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame,
         prof, rec, miss = match_sequence(grp["name"].astype(str).tolist(), ts, ts + grp["dur_us"].to_numpy(), tid, recorded)
         rows = grp.index.to_numpy()[prof]
         flops[rows], bytes_[rows] = rec_flops[rec], rec_bytes[rec]
+        if has_sig:  # shapes from the cost pass where the profiler did not record them
+            empty = pd.isna(dims[rows])
+            dims[rows[empty]] = rec_dims[rec][empty]
+            types[rows[empty]] = rec_types[rec][empty]
         matched[rows] = True
         steps += 1
         recorded_total += len(recorded)
@@ -175,7 +185,8 @@ def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame,
     with_cost, without = _gpu_costs(events, flops, bytes_, matched)
     is_view = (events["kind"] == "cpu_op").to_numpy() & events["name"].astype(str).isin(view_names).to_numpy()
     flops[is_view & ~matched], bytes_[is_view & ~matched] = 0.0, 0.0
-    out = events.assign(flops=flops, bytes_moved=bytes_)
+    out = events.assign(flops=flops, bytes_moved=bytes_,
+                        input_dims=pd.array(dims, dtype="string"), input_types=pd.array(types, dtype="string"))
     stats = JoinStats(steps, recorded_total, matched_total, recorded_total - matched_total,
                       dict(missing.most_common(10)), with_cost, without)
     return out, stats

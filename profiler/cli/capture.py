@@ -37,7 +37,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="kineto", help="capture backend: kineto (default) or cupti (GPU)")
     p.add_argument("--memory", action="store_true", help="record memory events (heavier)")
     p.add_argument("--stack", action="store_true", help="record Python stacks (heavier)")
-    p.add_argument("--no-shapes", action="store_true", help="do not record input shapes")
+    p.add_argument("--shapes", action="store_true",
+                   help="Kineto records every op's shapes (heavier; joined ops get shapes from the FLOPs pass anyway)")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOPs/bytes pass")
     p.add_argument("--no-nvml", action="store_true", help="do not sample NVML counters (GPU)")
     p.add_argument("--ceilings", default="measured", choices=["measured", "quick", "table", "none"],
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--nproc must be >= 1")
     try:
         plan = CapturePlan(device=args.device, dtype=args.dtype, mode=args.mode, wait=args.wait,
-                           warmup=args.warmup, active=args.steps, record_shapes=not args.no_shapes,
+                           warmup=args.warmup, active=args.steps, record_shapes=args.shapes,
                            profile_memory=args.memory, with_stack=args.stack, nvml=not args.no_nvml,
                            flops=not args.no_flops, backend=args.backend)
     except CaptureError as exc:
