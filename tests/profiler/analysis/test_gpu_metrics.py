@@ -77,3 +77,33 @@ def test_real_traces_in_range(name):
     occ = res["achieved_occupancy_pct"].dropna()
     assert ((occ >= 0) & (occ <= 100)).all()
     assert (res["busy_us"] <= res["window_us"] + 1e-6).all()
+
+
+class RocmDevice2(SynthTrace):
+    """ROCm-style: kernels on device 2, properties listing only device 0 (as in the MI300X trace)."""
+
+    def to_json(self):
+        doc = super().to_json()
+        doc["deviceProperties"][0].update(id=0, numSms=304, warpSize=64)
+        return doc
+
+
+def test_rocm_work_item_grids_and_unlisted_device(tmp_path):
+    t = RocmDevice2(device=2, num_sms=304)
+    t.step(1, 0, 1000)
+    # hipBLASLt/Tensile: grid is a global work size, 76800 work-items / 256 = 300 workgroups.
+    t.launch("aten::mm", "Cijk_Alik_Bljk_BBS_BH_MT256x192x64_MI16x16x1_SN", cpu_ts=0, kernel_ts=100, dur=100,
+             runtime_name="hipExtModuleLaunchKernel", grid=(76800, 1, 1), block=(256, 1, 1))
+    # Triton through hipModuleLaunchKernel: grid counts blocks, 152 of them.
+    t.launch("triton", "triton_poi_fused_add_0", cpu_ts=10, kernel_ts=300, dur=100,
+             runtime_name="hipModuleLaunchKernel", grid=(152, 1, 1), block=(512, 1, 1))
+    m = gm.gpu_metrics(load(t, tmp_path)).iloc[0]
+    assert m["device"] == 2 and m["num_sms"] == 304 and m["sm_efficiency_source"] == "grid/numSms"
+    assert m["sm_efficiency"] == pytest.approx((100 * 300 / 304 + 100 * 152 / 304) / 1000)
+    assert m["tensor_core_us"] == 100  # the MFMA Tensile kernel
+
+
+def test_sm_count_fallback():
+    assert gm.sm_count({(0, 0): 304}, 0, 2) == 304
+    assert gm.sm_count({(0, 0): 108, (0, 1): 132}, 0, 2) == 0  # ambiguous: no guess
+    assert gm.sm_count({(1, 0): 108}, 0, 0) == 0
