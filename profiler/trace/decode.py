@@ -63,7 +63,9 @@ def _top_level(payload: Payload) -> tuple[Any, Any]:
         doc = DOC_DECODER.decode(buf)
     except msgspec.ValidationError as exc:  # (a subclass of DecodeError: catch it first)
         if "got `array`" in str(exc) and "$." not in str(exc):
-            return None, memoryview(buf)  # Chrome's JSON Array Format: the top level is the events
+            head = bytes(buf[:4096])
+            lead = len(head) - len(head.lstrip(_WS))
+            return None, memoryview(buf)[lead:]  # Chrome's JSON Array Format: the top level is the events
         kind = str(exc).split("got `")[-1].split("`")[0] if "got `" in str(exc) else "something else"
         raise TraceError(f"{label}: JSON that is not a trace: the top level is {kind!s}, not an object "
                          "with traceEvents") from None
@@ -110,14 +112,16 @@ def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: A
     while cur < end_arr:
         stop = _next_split(view, cur + CHUNK_BYTES, end_arr) if end_arr - cur > CHUNK_BYTES * 1.5 else end_arr
         while True:
-            chunk = b"[" + bytes(view[cur:stop]) + b"]"
+            chunk = bytearray(stop - cur + 2)  # "[" + events + "]", one copy
+            chunk[0], chunk[-1] = 0x5B, 0x5D
+            chunk[1:-1] = view[cur:stop]
             try:
                 events = _decode_chunk(chunk, skipped)
                 break
             except msgspec.DecodeError as exc:
                 if stop >= end_arr:
                     raise TraceError(f"{label}: invalid JSON in traceEvents ({exc})") from None
-                stop = _next_split(view, stop + 1, end_arr)
+                stop = _next_split(view, cur + 2 * (stop - cur), end_arr)  # widen by doubling
         yield events, chunk
         if release is not None:
             release(cur, stop)

@@ -151,3 +151,14 @@ def test_missing_file_and_unreadable_source(tmp_path):
     assert "cannot read a trace" in _error(12345)
     assert "no trace given" in _error([])
     assert "holds no" in _error(tmp_path)  # an empty directory
+
+
+def test_invalid_json_inside_an_array_format_trace(tmp_path, monkeypatch):
+    import profiler.trace.decode as decode
+
+    monkeypatch.setattr(decode, "CHUNK_BYTES", 500)  # many chunks: the bad one is found by widening
+    good = ",\n".join(json.dumps(_kernel(i)) for i in range(300))
+    msg = _error(_write(tmp_path, "arr.json", "\n  [" + good + ",\n {\"ph\": \"X\", oops}]"))
+    assert "arr.json" in msg and "invalid JSON" in msg
+    tr = load_trace(_write(tmp_path, "arr_ok.json", "\n  [" + good + "]\n"))
+    assert len(tr.events) == 300
