@@ -8,7 +8,7 @@
 // (at::parallel_for, OpenMP), fp32 math in an L1/L2-resident row buffer, `omp simd` loops with
 // libmvec's vector exp. Semantics follow eager exactly where it matters: a row whose every
 // element is -inf (fully masked) gives NaN, NaN/+Inf in a row make the row NaN; causal-masked
-// positions get exactly 0 and a zero gradient (as masked_fill's backward gives).
+// positions get 0 (NaN if the row is NaN) and a zero gradient (as masked_fill's backward gives).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -152,7 +152,10 @@ void fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& mask, at::Te
         for (int64_t j = 0; j < n; ++j) s[j] = std::numeric_limits<float>::quiet_NaN();
       } else {
         mul_inplace(s, lim, inv);
-        for (int64_t j = lim; j < n; ++j) s[j] = 0.0f;
+        // hidden keys: exp(-inf - max) / sum is 0, or NaN when the row's sum is NaN (a NaN or
+        // +Inf logit), exactly as eager's masked_fill + softmax gives
+        const float hidden = std::isnan(inv) ? inv : 0.0f;
+        for (int64_t j = lim; j < n; ++j) s[j] = hidden;
       }
       if constexpr (!std::is_same_v<T, float>) store_f(s, orow, n);
     }

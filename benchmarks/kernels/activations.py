@@ -1,0 +1,105 @@
+"""Benchmark cases for the activation kernels (contract: `benchmarks/kernels/__init__.py`).
+
+Per kernel at MLP shapes (tokens 4096 x intermediate 3072, and 4096 x 768 for bias_gelu), fp32
+(FL_BENCH_DTYPES to change), forward (no_grad) and forward+backward (autograd.grad of every
+input), the variants are:
+- naive: the formula as model code writes it (GPT-2/BERT `0.5 * x * (1 + erf(x / sqrt 2))` or
+  HF NewGELU's tanh form; `a * sigmoid(a) * b` for SwiGLU);
+- aten: the ATen fused op where one exists (`F.gelu`, `F.silu(a) * b`), with the bias added
+  eagerly in front for bias_gelu (ATen has no fused bias + GELU on CPU);
+- ours: provider="cpu"; and torch.compile of the naive composition (added by the driver).
+FL_BENCH_QUICK=1 uses 1024 x 768 only.
+"""
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels.registry import KERNELS
+
+_C = math.sqrt(2.0 / math.pi)
+
+
+def _naive_gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    if approximate == "tanh":  # HF NewGELUActivation (GPT-2)
+        return 0.5 * x * (1.0 + torch.tanh(_C * (x + 0.044715 * torch.pow(x, 3.0))))
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))  # BERT's gelu
+
+
+def _fns(kernel: str, approximate: str):
+    """(naive, aten, ours) taking the kernel's tensor arguments."""
+    if kernel == "gelu":
+        return (lambda x: _naive_gelu(x, approximate), lambda x: F.gelu(x, approximate=approximate),
+                lambda x: kernels.gelu(x, approximate, provider="cpu"))
+    if kernel == "bias_gelu":
+        return (lambda x, b: _naive_gelu(x + b, approximate), lambda x, b: F.gelu(x + b, approximate=approximate),
+                lambda x, b: kernels.bias_gelu(x, b, approximate, provider="cpu"))
+    if kernel == "swiglu":
+        return (lambda a, b: a * torch.sigmoid(a) * b, lambda a, b: F.silu(a) * b,
+                lambda a, b: kernels.swiglu(a, b, provider="cpu"))
+    if kernel == "geglu":
+        return (lambda a, b: _naive_gelu(a, approximate) * b, lambda a, b: F.gelu(a, approximate=approximate) * b,
+                lambda a, b: kernels.geglu(a, b, approximate, provider="cpu"))
+    raise ValueError(f"no benchmark for {kernel}")
+
+
+@lru_cache(maxsize=None)
+def _tensors(m: int, n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    t = {k: torch.randn(m, n, generator=g).to(dtype) for k in ("x", "b2", "dy")}
+    t["bias"] = (0.1 * torch.randn(n, generator=g)).to(dtype)
+    return t
+
+
+def _step(fn, args: list, backward: bool, dy: torch.Tensor):
+    if not backward:
+        def fwd():
+            with torch.no_grad():
+                return fn(*args)
+        return fwd
+
+    def fwd_bwd():
+        return torch.autograd.grad(fn(*args), args, dy)
+    return fwd_bwd
+
+
+def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, backward: bool) -> dict:
+    naive, aten, ours = _fns(kernel, approximate)
+    t = _tensors(m, n, dtype)
+    names = {"gelu": ("x",), "bias_gelu": ("x", "bias"), "swiglu": ("x", "b2"), "geglu": ("x", "b2")}[kernel]
+    args = [t[k].detach().clone().requires_grad_(backward) for k in names]
+    extra = () if kernel == "swiglu" else (approximate,)
+    cost = KERNELS[kernel].cost(*args, *extra)
+    e = m * n * t["x"].element_size()
+    # backward reads dy and the inputs, writes their grads: act 3 tensors, gated 5
+    bwd_bytes = (5 if kernel in ("swiglu", "geglu") else 3) * e
+    variants = {name: _step(fn, args, backward, t["dy"]) for name, fn in
+                (("naive", naive), ("aten", aten), ("ours", ours))}
+    label = kernel + ("_tanh" if approximate == "tanh" and kernel != "swiglu" else "")
+    return {
+        "kernel": label, "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
+        "dtype": str(dtype).replace("torch.", ""), "variants": variants,
+        "compile": lambda: _step(torch.compile(naive), args, backward, t["dy"]),
+        "baseline": "naive", "bytes": float(cost.bytes_fused + (bwd_bytes if backward else 0)),
+        "notes": f"bytes_fused={cost.bytes_fused:.0f}; bytes_unfused={cost.bytes_unfused:.0f}",
+    }
+
+
+def cases(threads: int) -> list[dict]:
+    quick = os.environ.get("FL_BENCH_QUICK") == "1"
+    dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
+    if quick:
+        plan = [("bias_gelu", "none", 1024, 768), ("swiglu", "none", 1024, 768)]
+    else:
+        plan = [("gelu", "none", 4096, 3072), ("bias_gelu", "none", 4096, 768),
+                ("bias_gelu", "none", 4096, 3072), ("bias_gelu", "tanh", 4096, 3072),
+                ("swiglu", "none", 4096, 3072), ("geglu", "tanh", 4096, 3072)]
+    wanted = os.environ.get("FL_BENCH_ACTIVATIONS")
+    if wanted:
+        plan = [p for p in plan if p[0] in wanted.split(",")]
+    return [_case(k, a, m, n, dt, bwd) for (k, a, m, n) in plan for dt in dtypes for bwd in (False, True)]

@@ -1,0 +1,67 @@
+"""Benchmark cases for the RoPE kernel (contract: `benchmarks/kernels/__init__.py`).
+
+q and k at [batch 4, heads 12, seq 512, head_dim 64] fp32 (FL_BENCH_QUICK=1: [2, 12, 128, 64]),
+laid out as HF attention makes them (`proj(x).view(B, S, H, D).transpose(1, 2)`, non-contiguous),
+cos/sin [B, S, D] from HF's rotary module; forward (no_grad) and forward+backward.
+Variants: naive = HF `apply_rotary_pos_emb` (rotate_half with slice/neg/cat; there is no ATen
+fused op), ours (provider="cpu"), and torch.compile of the naive one (added by the driver).
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+import kernels
+from kernels import rope as rp
+from kernels.registry import KERNELS
+
+
+@lru_cache(maxsize=None)
+def _tensors(b: int, h: int, s: int, d: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    t = {k: torch.randn(b, s, h, d, generator=g).to(dtype) for k in ("q", "k", "dq", "dk")}
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    freqs = torch.arange(s, dtype=torch.float32)[:, None] * inv  # [S, D/2]
+    emb = torch.cat((freqs, freqs), -1).expand(b, s, d)  # [B, S, D]
+    t["cos"], t["sin"] = emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()
+    return t
+
+
+def _step(fn, q, k, cos, sin, backward: bool, dq, dk):
+    if not backward:
+        def fwd():
+            with torch.no_grad():
+                return fn(q, k, cos, sin)
+        return fwd
+
+    def fwd_bwd():
+        return torch.autograd.grad(fn(q, k, cos, sin), (q, k), (dq, dk))
+    return fwd_bwd
+
+
+def _case(b: int, h: int, s: int, d: int, dtype: torch.dtype, backward: bool) -> dict:
+    t = _tensors(b, h, s, d, dtype)
+    # HF layout: [B, S, H, D] -> [B, H, S, D] views
+    q = t["q"].detach().clone().requires_grad_(backward).transpose(1, 2)
+    k = t["k"].detach().clone().requires_grad_(backward).transpose(1, 2)
+    dq, dk = t["dq"].transpose(1, 2).contiguous(), t["dk"].transpose(1, 2).contiguous()
+    fns = {"naive": rp.rope_reference, "ours": lambda q, k, c, s_: kernels.rope(q, k, c, s_, provider="cpu")}
+    cost = KERNELS["rope"].cost(q, k, t["cos"], t["sin"])
+    e = 2 * q.numel() * q.element_size()
+    variants = {name: _step(fn, q, k, t["cos"], t["sin"], backward, dq, dk) for name, fn in fns.items()}
+    return {
+        "kernel": "rope", "pass": "fwd+bwd" if backward else "fwd", "shape": f"{b}x{h}x{s}x{d} (q and k)",
+        "dtype": str(dtype).replace("torch.", ""), "variants": variants,
+        "compile": lambda: _step(torch.compile(rp.rope_reference), q, k, t["cos"], t["sin"], backward, dq, dk),
+        "baseline": "naive", "bytes": float(cost.bytes_fused + (2 * e if backward else 0)),
+        "notes": f"bytes_fused={cost.bytes_fused:.0f}; bytes_unfused={cost.bytes_unfused:.0f}; q/k transposed views",
+    }
+
+
+def cases(threads: int) -> list[dict]:
+    quick = os.environ.get("FL_BENCH_QUICK") == "1"
+    shape = (2, 12, 128, 64) if quick else (4, 12, 512, 64)
+    dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
+    return [_case(*shape, dt, bwd) for dt in dtypes for bwd in (False, True)]

@@ -1,0 +1,83 @@
+"""Benchmark cases for the softmax kernel (contract: `benchmarks/kernels/__init__.py`).
+
+Attention probabilities at [batch 8, heads 12, 512, 512] fp32 (FL_BENCH_QUICK=1: [2, 12, 256,
+256]), forward (no_grad) and forward+backward, three flavours:
+- plain: naive = `exp(x - max) / sum` written out, aten = `torch.softmax` (the fused op), ours;
+- causal: `softmax(x * scale).masked_fill(triu, -inf)` as hand-written attention does it: naive
+  = the eager reference (mul, masked_fill, ATen softmax), ours with causal=True;
+- padding: `softmax(x * scale + mask[B, 1, 1, S])`: naive = the eager reference, ours.
+torch.compile of the naive composition is added by the driver.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+import kernels
+from kernels import softmax as sm
+from kernels.registry import KERNELS
+
+SCALE = 0.125  # 1 / sqrt(head_dim 64)
+
+
+def _naive_plain(x: torch.Tensor) -> torch.Tensor:
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+@lru_cache(maxsize=None)
+def _tensors(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    t = {k: torch.randn(shape, generator=g).to(dtype) for k in ("x", "dy")}
+    mask = torch.zeros(shape[0], 1, 1, shape[-1])
+    for b in range(shape[0]):
+        mask[b, ..., shape[-1] - 17 * b:] = float("-inf")  # padded tails of different lengths
+    t["mask"] = mask.to(dtype)
+    return t
+
+
+def _step(fn, x: torch.Tensor, backward: bool, dy: torch.Tensor):
+    if not backward:
+        def fwd():
+            with torch.no_grad():
+                return fn(x)
+        return fwd
+
+    def fwd_bwd():
+        return torch.autograd.grad(fn(x), (x,), dy)
+    return fwd_bwd
+
+
+def _case(flavour: str, shape: tuple[int, ...], dtype: torch.dtype, backward: bool) -> dict:
+    t = _tensors(shape, dtype)
+    x = t["x"].detach().clone().requires_grad_(backward)
+    if flavour == "plain":
+        kw: dict = {}
+        fns = {"naive": _naive_plain, "aten": lambda x: torch.softmax(x, -1)}
+    else:
+        kw = dict(scale=SCALE, causal=flavour == "causal", mask=t["mask"] if flavour == "padding" else None)
+        fns = {"naive": lambda x: sm.softmax_reference(x, **kw)}
+    fns["ours"] = lambda x: kernels.softmax(x, provider="cpu", **kw)
+    cost = KERNELS["softmax"].cost(x, -1, kw.get("scale", 1.0), kw.get("mask"), kw.get("causal", False))
+    e = x.numel() * x.element_size()
+    variants = {name: _step(fn, x, backward, t["dy"]) for name, fn in fns.items()}
+    return {
+        "kernel": f"softmax_{flavour}", "pass": "fwd+bwd" if backward else "fwd",
+        "shape": "x".join(map(str, shape)), "dtype": str(dtype).replace("torch.", ""),
+        "variants": variants,
+        "compile": lambda: _step(torch.compile(fns["naive"]), x, backward, t["dy"]),
+        "baseline": "naive",
+        # backward reads dy and y, writes dx
+        "bytes": float(cost.bytes_fused + (3 * e if backward else 0)),
+        "notes": f"bytes_fused={cost.bytes_fused:.0f}; bytes_unfused={cost.bytes_unfused:.0f}",
+    }
+
+
+def cases(threads: int) -> list[dict]:
+    quick = os.environ.get("FL_BENCH_QUICK") == "1"
+    shape = (2, 12, 256, 256) if quick else (8, 12, 512, 512)
+    dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
+    flavours = os.environ.get("FL_BENCH_SOFTMAX", "plain,causal,padding").split(",")
+    return [_case(f, shape, dt, bwd) for f in flavours for dt in dtypes for bwd in (False, True)]

@@ -1,0 +1,316 @@
+"""Activation kernels: GELU (erf or tanh), bias + GELU, SwiGLU and GeGLU, forward and backward.
+
+Public functions (each takes `provider=`): `gelu(x, approximate)`, `bias_gelu(x, bias,
+approximate)`, `swiglu(a, b)` = silu(a) * b, `geglu(a, b, approximate)` = gelu(a) * b; modules
+`GELU`, `BiasGELU`, `SwiGLU`, `GeGLU`.
+
+Semantics are those of the eager references below (the truth for tests). The fused providers
+compute in fp32 and round once, so for bf16/fp16 they are closer to the float64 truth than eager
+(which rounds x + bias before the GELU).
+
+Providers: "cpu" (`torch.ops.fusionlens.{act,glu}_{fwd,bwd}` from `kernels/csrc/activations.cpp`),
+"triton" (`kernels/triton_activations.py`, same signatures), "aten" (`F.gelu`, the one fused ATen
+op here; slower than ours on CPU, so it ranks after "cpu"). One autograd Function per shape of
+op (act(x [+ bias]) and act(a) * b) drives both fused providers.
+
+Costs (`Cost`, algorithmic bytes, e = element size, n = elements): bias_gelu reads x and writes
+y (2ne) where eager also writes and re-reads x + bias (4ne); swiglu/geglu read a, b and write y
+(3ne) where eager writes and re-reads act(a) (5ne); gelu alone moves 2ne either way (the gain is
+compute, not bytes).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+
+# Activation codes shared with the C++ and Triton kernels.
+KIND_SILU, KIND_GELU_ERF, KIND_GELU_TANH = 0, 1, 2
+_GELU_KIND = {"none": KIND_GELU_ERF, "tanh": KIND_GELU_TANH}
+# Approximate flops per element: erf/exp/tanh counted as one op each.
+_FLOPS = {KIND_SILU: 4.0, KIND_GELU_ERF: 5.0, KIND_GELU_TANH: 9.0}
+
+
+def _gelu_kind(approximate: str) -> int:
+    if approximate not in _GELU_KIND:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _GELU_KIND[approximate]
+
+
+# ---------------------------------------------------------------- references (the truth for tests)
+def gelu_reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu (erf, or tanh when approximate='tanh')."""
+    return F.gelu(x, approximate=approximate)
+
+
+def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(x + bias): the tail of a Linear in an MLP (bias over the last dim)."""
+    return F.gelu(x + bias, approximate=approximate)
+
+
+def swiglu_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b: LLaMA's MLP gate (a = gate_proj(x), b = up_proj(x))."""
+    return F.silu(a) * b
+
+
+def geglu_reference(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(a) * b: GeGLU (T5 v1.1, Gemma with approximate='tanh')."""
+    return F.gelu(a, approximate=approximate) * b
+
+
+# ---------------------------------------------------------------- provider ops (C++ or Triton)
+def _cpu_ops() -> Any:
+    from kernels._build import load_cpu_ops
+
+    load_cpu_ops()
+    return torch.ops.fusionlens
+
+
+def _triton_ops() -> Any:
+    from kernels import triton_activations
+
+    return triton_activations
+
+
+_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
+_OPS_CACHE: dict[str, Any] = {}
+
+
+def _ops(provider: str) -> Any:
+    if provider not in _OPS_CACHE:
+        _OPS_CACHE[provider] = _OPS[provider]()
+    return _OPS_CACHE[provider]
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class _ActFn(torch.autograd.Function):
+    """y = act(x [+ bias]); backward recomputes act' from x (nothing but x and bias is saved)."""
+
+    @staticmethod
+    def forward(ctx, ops, x, bias, kind):
+        x = x.contiguous()
+        bias = bias.contiguous() if bias is not None else None
+        out = new_output(x.shape, x)
+        ops.act_fwd(x, bias, out, kind)
+        ctx.save_for_backward(x, bias)
+        ctx.ops, ctx.kind = ops, kind
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, bias = ctx.saved_tensors
+        grad_x = new_output(x.shape, x)
+        grad_b = new_output(bias.shape, bias) if bias is not None and ctx.needs_input_grad[2] else None
+        ctx.ops.act_bwd(grad.contiguous(), x, bias, grad_x, grad_b, ctx.kind)
+        return None, grad_x if ctx.needs_input_grad[1] else None, grad_b, None
+
+
+class _GluFn(torch.autograd.Function):
+    """y = act(a) * b; backward: grad_a = g * b * act'(a), grad_b = g * act(a), in one pass."""
+
+    @staticmethod
+    def forward(ctx, ops, a, b, kind):
+        a, b = a.contiguous(), b.contiguous()
+        out = new_output(a.shape, a)
+        ops.glu_fwd(a, b, out, kind)
+        ctx.save_for_backward(a, b)
+        ctx.ops, ctx.kind = ops, kind
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a, grad_b = new_output(a.shape, a), new_output(b.shape, b)
+        ctx.ops.glu_bwd(grad.contiguous(), a, b, grad_a, grad_b, ctx.kind)
+        return None, grad_a, grad_b, None
+
+
+def _act(provider: str, x: torch.Tensor, bias: torch.Tensor | None, kind: int) -> torch.Tensor:
+    ops = _ops(provider)
+    if _needs_grad(x, bias):
+        return _ActFn.apply(ops, x, bias, kind)
+    x = x.contiguous()
+    out = new_output(x.shape, x)
+    ops.act_fwd(x, bias.contiguous() if bias is not None else None, out, kind)
+    return out
+
+
+def _glu(provider: str, a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
+    ops = _ops(provider)
+    if _needs_grad(a, b):
+        return _GluFn.apply(ops, a, b, kind)
+    a, b = a.contiguous(), b.contiguous()
+    out = new_output(a.shape, a)
+    ops.glu_fwd(a, b, out, kind)
+    return out
+
+
+def _providers(kind_of, runner) -> dict[str, Any]:
+    """{'cpu': fn, 'triton': fn} running `runner(provider, *args, kind)`."""
+    def make(provider: str):
+        def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+            tensors, kind = kind_of(*args, **kwargs)
+            return runner(provider, *tensors, kind)
+        run.__name__ = f"{provider}_{runner.__name__.strip('_')}"
+        return run
+    return {"cpu": make("cpu"), "triton": make("triton")}
+
+
+# ---------------------------------------------------------------- support checks and costs
+def _check_same(*tensors: Any, **_: Any) -> str | None:
+    """The fused kernels take tensors of one dtype and device (no promotion)."""
+    ts = [t for t in tensors if isinstance(t, torch.Tensor)]
+    for t in ts[1:]:
+        if t.dtype != ts[0].dtype:
+            return f"mixed dtypes ({ts[0].dtype}, {t.dtype}): the reference handles promotion"
+        if t.device != ts[0].device:
+            return f"tensors on different devices ({ts[0].device}, {t.device})"
+    return None
+
+
+def _check_bias(x: torch.Tensor, bias: Any = None, approximate: str = "none") -> str | None:
+    if not isinstance(bias, torch.Tensor):
+        return "bias must be a tensor"
+    if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
+        return f"bias {tuple(bias.shape)} is not a vector over x's last dim {tuple(x.shape)}"
+    return _check_same(x, bias)
+
+
+def _check_glu(a: torch.Tensor, b: Any = None, *_: Any, **__: Any) -> str | None:
+    if not isinstance(b, torch.Tensor) or a.shape != b.shape:
+        return f"a and b must have the same shape (got {tuple(a.shape)} and {tuple(getattr(b, 'shape', ()))}); the reference broadcasts"
+    return _check_same(a, b)
+
+
+def _gelu_cost(x: torch.Tensor, approximate: str = "none") -> Cost:
+    n, e = x.numel(), x.element_size()
+    return Cost(flops=_FLOPS[_gelu_kind(approximate)] * n, bytes_fused=2.0 * n * e, bytes_unfused=2.0 * n * e)
+
+
+def _bias_gelu_cost(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> Cost:
+    n, e, nb = x.numel(), x.element_size(), bias.numel() * bias.element_size()
+    flops = (_FLOPS[_gelu_kind(approximate)] + 1.0) * n
+    return Cost(flops=flops, bytes_fused=2.0 * n * e + nb, bytes_unfused=4.0 * n * e + nb)
+
+
+def _glu_cost(kind: int):
+    def cost(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> Cost:
+        n, e = a.numel(), a.element_size()
+        k = kind if kind == KIND_SILU else _gelu_kind(approximate)
+        return Cost(flops=(_FLOPS[k] + 1.0) * n, bytes_fused=3.0 * n * e, bytes_unfused=5.0 * n * e)
+    return cost
+
+
+def _aten_gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return F.gelu(x, approximate=approximate)
+
+
+def _aten_bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return F.gelu(x + bias, approximate=approximate)
+
+
+GELU_SPEC = register_kernel(KernelSpec(
+    name="gelu", reference=gelu_reference,
+    providers={**_providers(lambda x, approximate="none": ((x, None), _gelu_kind(approximate)), _act),
+               "aten": _aten_gelu},
+    supports=Supports(), cost=_gelu_cost,
+    description="GELU (erf or tanh) in one pass, fp32 math; backward recomputes from x"))
+BIAS_GELU_SPEC = register_kernel(KernelSpec(
+    name="bias_gelu", reference=bias_gelu_reference,
+    providers={**_providers(lambda x, bias, approximate="none": ((x, bias), _gelu_kind(approximate)), _act),
+               "aten": _aten_bias_gelu},
+    supports=Supports(check=_check_bias), cost=_bias_gelu_cost,
+    description="gelu(x + bias) without materializing x + bias; bias grad reduced in the same pass"))
+SWIGLU_SPEC = register_kernel(KernelSpec(
+    name="swiglu", reference=swiglu_reference,
+    providers=_providers(lambda a, b: ((a, b), KIND_SILU), _glu),
+    supports=Supports(check=_check_glu), cost=_glu_cost(KIND_SILU),
+    description="silu(a) * b in one pass, forward and backward"))
+GEGLU_SPEC = register_kernel(KernelSpec(
+    name="geglu", reference=geglu_reference,
+    providers=_providers(lambda a, b, approximate="none": ((a, b), _gelu_kind(approximate)), _glu),
+    supports=Supports(check=_check_glu), cost=_glu_cost(KIND_GELU_ERF),
+    description="gelu(a) * b in one pass, forward and backward"))
+
+
+# ---------------------------------------------------------------- public API
+def gelu(x: torch.Tensor, approximate: str = "none", *, provider: str | None = None) -> torch.Tensor:
+    """GELU of x (erf, or tanh with approximate='tanh')."""
+    _gelu_kind(approximate)
+    return dispatch("gelu", x, approximate, provider=provider)
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *,
+              provider: str | None = None) -> torch.Tensor:
+    """gelu(x + bias), bias a vector over x's last dim."""
+    _gelu_kind(approximate)
+    return dispatch("bias_gelu", x, bias, approximate, provider=provider)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor, *, provider: str | None = None) -> torch.Tensor:
+    """silu(a) * b."""
+    return dispatch("swiglu", a, b, provider=provider)
+
+
+def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none", *,
+          provider: str | None = None) -> torch.Tensor:
+    """gelu(a) * b."""
+    _gelu_kind(approximate)
+    return dispatch("geglu", a, b, approximate, provider=provider)
+
+
+class GELU(nn.Module):
+    """Drop-in for nn.GELU."""
+
+    def __init__(self, approximate: str = "none", provider: str | None = None) -> None:
+        super().__init__()
+        _gelu_kind(approximate)
+        self.approximate, self.provider = approximate, provider
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu(x, self.approximate, provider=self.provider)
+
+
+class BiasGELU(nn.Module):
+    """gelu(x + bias) with a learned bias of size `features` (pair with a bias-free Linear)."""
+
+    def __init__(self, features: int, approximate: str = "none", provider: str | None = None) -> None:
+        super().__init__()
+        _gelu_kind(approximate)
+        self.bias = nn.Parameter(torch.zeros(features))
+        self.approximate, self.provider = approximate, provider
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_gelu(x, self.bias, self.approximate, provider=self.provider)
+
+
+class SwiGLU(nn.Module):
+    """silu(a) * b of the two halves of the last dim (a packed gate/up projection)."""
+
+    def __init__(self, provider: str | None = None) -> None:
+        super().__init__()
+        self.provider = provider
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, dim=-1)  # [..., 2h] -> two [..., h] views
+        return swiglu(a, b, provider=self.provider)
+
+
+class GeGLU(nn.Module):
+    """gelu(a) * b of the two halves of the last dim (a packed gate/up projection)."""
+
+    def __init__(self, approximate: str = "none", provider: str | None = None) -> None:
+        super().__init__()
+        _gelu_kind(approximate)
+        self.approximate, self.provider = approximate, provider
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, dim=-1)  # [..., 2h] -> two [..., h] views
+        return geglu(a, b, self.approximate, provider=self.provider)

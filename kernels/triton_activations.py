@@ -1,0 +1,156 @@
+"""Triton GELU / bias + GELU / SwiGLU / GeGLU, forward and backward (the CUDA `triton` provider).
+
+The launchers have the signatures of the C++ ops in `kernels/csrc/activations.cpp`
+(`act_fwd`, `act_bwd`, `glu_fwd`, `glu_bwd`), so `kernels.activations` drives both providers.
+Activation codes: 0 silu, 1 gelu (erf), 2 gelu (tanh). Math in fp32, one rounding on store.
+
+act(x [+ bias]) runs on [M, N] tiles (N = the bias dim): each program handles BLOCK_M x BLOCK_N,
+and in backward writes one fp32 partial of the bias gradient per row tile ([cdiv(M, BLOCK_M), N],
+summed afterwards), so the bias gradient costs no second pass over grad_x. The gated units are
+flat elementwise. Memory traffic per element: act fwd 2 (+bias), bwd 3; glu fwd 3, bwd 5.
+
+Interpreter-safe (TRITON_INTERPRET=1): no methods on scalar arguments, tanh built from exp
+(tl.math has no tanh in every Triton version).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M, BLOCK_N, BLOCK = 16, 256, 1024
+
+
+@triton.jit
+def _tanh(u):
+    return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * u))
+
+
+@triton.jit
+def _act(x, KIND: tl.constexpr):
+    if KIND == 0:
+        y = x / (1.0 + tl.exp(-x))
+    elif KIND == 1:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    else:
+        y = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    return y
+
+
+@triton.jit
+def _act_grad(x, KIND: tl.constexpr):
+    """(act(x), act'(x))."""
+    if KIND == 0:
+        s = 1.0 / (1.0 + tl.exp(-x))
+        y = x * s
+        dy = s * (1.0 + x * (1.0 - s))
+    elif KIND == 1:
+        cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        y = x * cdf
+        dy = cdf + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)
+    else:
+        x2 = x * x
+        t = _tanh(0.7978845608028654 * (x + 0.044715 * x2 * x))
+        y = 0.5 * x * (1.0 + t)
+        dy = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x2)
+    return y, dy
+
+
+@triton.jit
+def _act_fwd_kernel(X, Bias, Y, M, N, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * N + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x = x + tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + offs, _act(x, KIND).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _act_bwd_kernel(G, X, Bias, GX, P, M, N, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    WANT_DB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    pid_m = tl.program_id(0).to(tl.int64)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * N + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x = x + tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    _, dy = _act_grad(x, KIND)
+    gx = tl.where(mask, g * dy, 0.0)
+    tl.store(GX + offs, gx.to(GX.dtype.element_ty), mask=mask)
+    if WANT_DB:
+        tl.store(P + pid_m * N + cols, tl.sum(gx, axis=0), mask=cols < N)
+
+
+@triton.jit
+def _glu_fwd_kernel(A, B, Y, numel, KIND: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < numel
+    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + offs, (_act(a, KIND) * b).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(G, A, B, GA, GB, numel, KIND: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < numel
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    y, dy = _act_grad(a, KIND)
+    tl.store(GA + offs, (g * b * dy).to(GA.dtype.element_ty), mask=mask)
+    tl.store(GB + offs, (g * y).to(GB.dtype.element_ty), mask=mask)
+
+
+def _mn(x: torch.Tensor) -> tuple[int, int]:
+    n = x.shape[-1] if x.dim() else 1
+    return (x.numel() // n if n else 0), n
+
+
+def act_fwd(x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, kind: int) -> None:
+    """out = act(x [+ bias]); x, bias, out contiguous, one dtype."""
+    m, n = _mn(x)
+    if x.numel() == 0:
+        return
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    _act_fwd_kernel[grid](x, bias if bias is not None else x, out, m, n, KIND=kind,
+                          HAS_BIAS=bias is not None, BM=BLOCK_M, BN=BLOCK_N)
+
+
+def act_bwd(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, grad_x: torch.Tensor,
+            grad_bias: torch.Tensor | None, kind: int) -> None:
+    """grad_x = grad * act'(x [+ bias]); grad_bias (if given) = grad_x summed over rows."""
+    m, n = _mn(x)
+    if x.numel() == 0:
+        if grad_bias is not None:
+            grad_bias.zero_()
+        return
+    tiles_m = triton.cdiv(m, BLOCK_M)
+    want_db = grad_bias is not None
+    partial = torch.empty((tiles_m, n) if want_db else (1,), dtype=torch.float32, device=x.device)
+    _act_bwd_kernel[(tiles_m, triton.cdiv(n, BLOCK_N))](
+        grad, x, bias if bias is not None else x, grad_x, partial, m, n, KIND=kind,
+        HAS_BIAS=bias is not None, WANT_DB=want_db, BM=BLOCK_M, BN=BLOCK_N)
+    if want_db:
+        grad_bias.copy_(partial.sum(0))  # [tiles_m, N] -> [N], then rounded to bias's dtype
+
+
+def glu_fwd(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kind: int) -> None:
+    """out = act(a) * b, all contiguous and of one shape and dtype."""
+    if a.numel():
+        _glu_fwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](a, b, out, a.numel(), KIND=kind, BLOCK_SIZE=BLOCK)
+
+
+def glu_bwd(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, grad_a: torch.Tensor,
+            grad_b: torch.Tensor, kind: int) -> None:
+    """grad_a = grad * b * act'(a), grad_b = grad * act(a)."""
+    if a.numel():
+        _glu_bwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](grad, a, b, grad_a, grad_b, a.numel(),
+                                                           KIND=kind, BLOCK_SIZE=BLOCK)

@@ -1,0 +1,163 @@
+"""GELU, bias + GELU, SwiGLU, GeGLU: the cpu provider vs the float64 truth (forward and backward),
+judged by eager's own error; awkward shapes, batch dims, non-contiguous, NaN/Inf, zero-size,
+poisoned outputs; provider fallbacks, costs, modules; Triton under the interpreter (subprocess)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import activations as act
+from kernels.registry import KERNELS, select_provider
+from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, TINY, check_against_reference, make,
+                                    run_in_triton_interpreter, with_nonfinite)
+
+# name -> (public fn taking provider=, reference, has_bias, gated, kwargs)
+CASES = {
+    "gelu": (kernels.gelu, act.gelu_reference, False, False, {}),
+    "gelu_tanh": (kernels.gelu, act.gelu_reference, False, False, {"approximate": "tanh"}),
+    "bias_gelu": (kernels.bias_gelu, act.bias_gelu_reference, True, False, {}),
+    "bias_gelu_tanh": (kernels.bias_gelu, act.bias_gelu_reference, True, False, {"approximate": "tanh"}),
+    "swiglu": (kernels.swiglu, act.swiglu_reference, False, True, {}),
+    "geglu": (kernels.geglu, act.geglu_reference, False, True, {}),
+    "geglu_tanh": (kernels.geglu, act.geglu_reference, False, True, {"approximate": "tanh"}),
+}
+
+
+def inputs(case: str, shape, dtype, layout: str = "contiguous") -> list[torch.Tensor]:
+    _, _, has_bias, gated, _ = CASES[case]
+    x = make(shape, dtype, seed=1, scale=2.0, layout=layout)
+    if has_bias:
+        return [x, make((shape[-1],), dtype, seed=2)]
+    if gated:
+        return [x, make(shape, dtype, seed=3, layout=layout)]
+    return [x]
+
+
+def check(case: str, provider: str, args, dtype, backward: bool = True) -> None:
+    fn, reference, _, _, kwargs = CASES[case]
+    check_against_reference(lambda *a, **k: fn(*a, **k, provider=provider), reference, args, dtype,
+                            backward=backward, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", AWKWARD_2D + BATCHED, ids=str)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_float64(case: str, shape, dtype) -> None:
+    check(case, "cpu", inputs(case, shape, dtype), dtype)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_non_contiguous(case: str, layout: str) -> None:
+    check(case, "cpu", inputs(case, (9, 130), torch.float32, layout), torch.float32)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_nan_inf_propagate_like_reference(case: str) -> None:
+    args = inputs(case, (4, 37), torch.float32)
+    args[0] = with_nonfinite(args[0])
+    check(case, "cpu", args, torch.float32)
+
+
+def test_gelu_of_inf_follows_the_float64_truth() -> None:
+    # eager fp32 F.gelu(+inf) is NaN (its vectorized erf), the math (and float64) says +inf.
+    x = torch.tensor([float("inf"), float("-inf"), 3.0])
+    y = kernels.gelu(x, provider="cpu")
+    assert y[0] == float("inf") and torch.isnan(y[1]) and torch.isclose(y[2], F.gelu(x[2:]))[0]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)], ids=str)
+def test_zero_size(case: str, shape) -> None:
+    check(case, "cpu", inputs(case, shape, torch.float32), torch.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bias_grad_reduced_over_many_rows(threads: int) -> None:
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check("bias_gelu", "cpu", inputs("bias_gelu", (3001, 24), torch.float32), torch.float32)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_inference_path_without_grad_matches() -> None:
+    x, b = inputs("bias_gelu", (5, 300), torch.float32)
+    with torch.no_grad():
+        y = kernels.bias_gelu(x, b, provider="cpu")
+    torch.testing.assert_close(y, F.gelu(x.double() + b.double()).float(), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_provider_is_cpu_and_fallbacks_keep_reasons() -> None:
+    x, b = torch.randn(4, 8), torch.randn(8)
+    assert select_provider(KERNELS["bias_gelu"], (x, b, "none"), {})[0] == "cpu"
+    chosen, skipped = select_provider(KERNELS["bias_gelu"], (x, b.double(), "none"), {})
+    assert chosen == "reference" and "mixed dtypes" in skipped["cpu"]
+    chosen, skipped = select_provider(KERNELS["swiglu"], (x, torch.randn(1, 8)), {})
+    assert chosen == "reference" and "same shape" in skipped["cpu"]
+    # the fallback still computes the reference's answer (broadcasting b)
+    torch.testing.assert_close(kernels.swiglu(x, torch.ones(1, 8)), F.silu(x))
+
+
+def test_bad_approximate_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="approximate must be"):
+        kernels.gelu(torch.randn(3), approximate="fast")
+
+
+def test_costs_count_the_intermediates_eager_writes() -> None:
+    x, b = torch.randn(4096, 768), torch.randn(768)
+    n, e = x.numel(), 4
+    c = KERNELS["bias_gelu"].cost(x, b, "none")
+    assert (c.bytes_fused, c.bytes_unfused) == (2 * n * e + 768 * e, 4 * n * e + 768 * e)
+    c = KERNELS["swiglu"].cost(x, x)
+    assert (c.bytes_fused, c.bytes_unfused, c.bytes_saved) == (3 * n * e, 5 * n * e, 2 * n * e)
+    assert KERNELS["gelu"].cost(x.half()).bytes_fused == 2 * n * 2
+
+
+def test_modules() -> None:
+    x = torch.randn(3, 10, requires_grad=True)
+    torch.testing.assert_close(act.GELU("tanh")(x), F.gelu(x, approximate="tanh"))
+    m = act.BiasGELU(10)
+    torch.testing.assert_close(m(x), F.gelu(x))
+    m(x).sum().backward()
+    assert m.bias.grad is not None and m.bias.grad.shape == (10,)
+    a, b = x.chunk(2, dim=-1)
+    torch.testing.assert_close(act.SwiGLU()(x), F.silu(a) * b)
+    torch.testing.assert_close(act.GeGLU()(x), F.gelu(a) * b)
+
+
+def run_interpreted() -> int:
+    """Every case through the Triton provider at tiny sizes (run with TRITON_INTERPRET=1)."""
+    count = 0
+    for case in sorted(CASES):
+        for dtype in DTYPES:
+            for shape in TINY:
+                check(case, "triton", inputs(case, shape, dtype), dtype)
+                count += 1
+        check(case, "triton", inputs(case, (5, 7), torch.float32, "transposed"), torch.float32)
+        args = inputs(case, (3, 6), torch.float32)
+        args[0] = with_nonfinite(args[0])
+        check(case, "triton", args, torch.float32)
+        check(case, "triton", inputs(case, (0, 4), torch.float32), torch.float32)
+        count += 3
+    return count
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_interpreted() -> None:
+    out = run_in_triton_interpreter(
+        "from tests.kernels.test_activations import run_interpreted\nprint(run_interpreted())")
+    assert int(out.strip().splitlines()[-1]) == len(CASES) * (len(DTYPES) * len(TINY) + 3)
+
+
+def test_explicit_triton_without_gpu_or_interpreter_raises_with_reason(monkeypatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    with pytest.raises(ValueError, match="provider 'triton' unavailable"):
+        kernels.swiglu(torch.randn(2, 3), torch.randn(2, 3), provider="triton")

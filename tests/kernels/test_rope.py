@@ -1,0 +1,155 @@
+"""Rotate-half RoPE on q and k: the cpu provider vs the float64 truth (forward and backward),
+judged by eager's own error; HF cos/sin layouts, grouped-query heads, the transposed q/k view HF
+attention makes, odd sizes, NaN/Inf, zero-size, poisoned outputs; provider fallbacks, costs,
+module; Triton under the interpreter (subprocess)."""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+import kernels
+from kernels import rope as rp
+from kernels.registry import KERNELS, select_provider
+from tests.kernels.numerics import (DTYPES, check_against_reference, make,
+                                    run_in_triton_interpreter, with_nonfinite)
+
+
+def tables(seq: int, dim: int, dtype, batch: int | None = None, offset: int = 0):
+    """HF-style cos/sin: emb = cat(freqs, freqs) for positions offset..offset+seq (per batch)."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    pos = torch.arange(seq, dtype=torch.float64)
+    if batch is not None:
+        pos = pos[None] + torch.arange(batch, dtype=torch.float64)[:, None] * 3 + offset  # [B, S]
+    freqs = pos[..., None] * inv  # [..., S, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [..., S, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def qk(batch: int, hq: int, hk: int, seq: int, dim: int, dtype, transposed: bool = False):
+    """q [B, Hq, S, D], k [B, Hk, S, D]; transposed=True gives HF's view(B, S, H, D).transpose(1, 2)."""
+    if transposed:
+        q = make((batch, seq, hq, dim), dtype, seed=1).transpose(1, 2)
+        k = make((batch, seq, hk, dim), dtype, seed=2).transpose(1, 2)
+        return q, k
+    return make((batch, hq, seq, dim), dtype, seed=1), make((batch, hk, seq, dim), dtype, seed=2)
+
+
+def check(provider: str, q, k, cos, sin, dtype, backward: bool = True) -> None:
+    # cos/sin are constants (passed by closure: no gradient is asked of them)
+    check_against_reference(lambda q, k: kernels.rope(q, k, cos, sin, provider=provider),
+                            lambda q, k: rp.rope_reference(q, k, cos.to(q.dtype), sin.to(q.dtype)),
+                            [q, k], dtype, backward=backward)
+
+
+SHAPES = [  # (batch, heads_q, heads_k, seq, head_dim)
+    (1, 1, 1, 1, 2), (2, 3, 3, 5, 8), (1, 4, 2, 17, 64), (2, 2, 1, 3, 4098), (3, 1, 1, 129, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["shared", "per_batch", "per_batch_4d"])
+def test_matches_float64(shape, layout: str, dtype) -> None:
+    b, hq, hk, s, d = shape
+    q, k = qk(b, hq, hk, s, d, dtype)
+    cos, sin = tables(s, d, dtype, batch=None if layout == "shared" else b)
+    if layout == "per_batch_4d":
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    check("cpu", q, k, cos, sin, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_hf_transposed_view_is_read_in_place(dtype) -> None:
+    q, k = qk(2, 4, 2, 9, 32, dtype, transposed=True)
+    assert not q.is_contiguous()
+    cos, sin = tables(9, 32, dtype, batch=2, offset=100)
+    check("cpu", q, k, cos, sin, dtype)
+
+
+def test_strided_last_dim_and_batch_one_tables() -> None:
+    q = make((2, 3, 5, 16), torch.float32, seed=1, layout="strided")
+    k = make((2, 3, 5, 16), torch.float32, seed=2)
+    cos, sin = tables(5, 16, torch.float32, batch=1)
+    check("cpu", q, k, cos, sin, torch.float32)
+
+
+def test_matches_hf_rotation_semantics() -> None:
+    # one 2-D rotation per pair (j, j + D/2) by angle pos * inv_freq[j]: x1' = x1 c - x2 s
+    q = torch.zeros(1, 1, 2, 4)
+    q[0, 0, :, 0] = 1.0  # x1 of pair 0 = 1, x2 = 0
+    cos, sin = tables(2, 4, torch.float32)
+    out, _ = kernels.rope(q, q, cos, sin, provider="cpu")
+    assert torch.allclose(out[0, 0, 1, 0], torch.tensor(math.cos(1.0)))
+    assert torch.allclose(out[0, 0, 1, 2], torch.tensor(math.sin(1.0)))
+
+
+def test_nan_inf_propagate_like_reference() -> None:
+    q, k = qk(1, 2, 2, 4, 8, torch.float32)
+    q = with_nonfinite(q)
+    cos, sin = tables(4, 8, torch.float32)
+    check("cpu", q, k, cos, sin, torch.float32)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 3, 8), (1, 2, 0, 8), (1, 2, 3, 0)], ids=str)
+def test_zero_size(shape) -> None:
+    q = torch.randn(shape)
+    cos, sin = tables(shape[2], shape[3], torch.float32)
+    check("cpu", q, q.clone(), cos, sin, torch.float32)
+
+
+def test_fallbacks_keep_reasons() -> None:
+    q, k = qk(1, 2, 2, 4, 8, torch.float32)
+    cos, sin = tables(4, 8, torch.float32)
+    spec = KERNELS["rope"]
+    assert select_provider(spec, (q, k, cos, sin), {})[0] == "cpu"
+    for args, why in [((q, k, cos.double(), sin.double()), "mixed dtypes"),
+                      ((q[..., :7], k[..., :7], cos[:, :7], sin[:, :7]), "odd"),
+                      ((q, k, cos[:3], sin[:3]), "is not [seq, dim]"),
+                      ((q[0], k[0], cos, sin), "must be [batch, heads, seq, head_dim]")]:
+        chosen, skipped = select_provider(spec, args, {})
+        assert chosen == "reference" and why in skipped["cpu"], skipped
+    # learned tables: only the reference differentiates them
+    c = cos.clone().requires_grad_()
+    chosen, skipped = select_provider(spec, (q, k, c, sin), {})
+    assert chosen == "reference" and "require grad" in skipped["cpu"]
+    qo, _ = kernels.rope(q, k, c, sin)
+    qo.sum().backward()
+    assert c.grad is not None
+
+
+def test_cost_and_module() -> None:
+    q, k = qk(4, 12, 12, 512, 64, torch.float32)
+    cos, sin = tables(512, 64, torch.float32)
+    c = KERNELS["rope"].cost(q, k, cos, sin)
+    n = 2 * q.numel() * 4
+    assert c.bytes_fused == 2 * n + 2 * cos.numel() * 4 and c.bytes_saved == 9 * n
+    qo, ko = rp.RotaryEmbedding()(q, k, cos, sin)
+    rq, rk = rp.rope_reference(q, k, cos, sin)
+    torch.testing.assert_close(qo, rq)
+    torch.testing.assert_close(ko, rk)
+
+
+def run_interpreted() -> int:
+    """The same through the Triton provider at tiny sizes (run with TRITON_INTERPRET=1)."""
+    count = 0
+    for dtype in DTYPES:
+        for b, hq, hk, s, d in [(1, 1, 1, 1, 2), (2, 3, 1, 5, 8), (1, 2, 2, 3, 6)]:
+            q, k = qk(b, hq, hk, s, d, dtype)
+            check("triton", q, k, *tables(s, d, dtype), dtype)
+            check("triton", q, k, *tables(s, d, dtype, batch=b), dtype)
+            count += 2
+    q, k = qk(2, 4, 2, 3, 8, torch.float32, transposed=True)
+    check("triton", q, k, *tables(3, 8, torch.float32, batch=2), torch.float32)
+    check("triton", with_nonfinite(q), k, *tables(3, 8, torch.float32), torch.float32)
+    check("triton", torch.randn(0, 2, 3, 8), torch.randn(0, 2, 3, 8), *tables(3, 8, torch.float32),
+          torch.float32)
+    return count + 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_interpreted() -> None:
+    out = run_in_triton_interpreter("from tests.kernels.test_rope import run_interpreted\nprint(run_interpreted())")
+    assert int(out.strip().splitlines()[-1]) == 3 * 6 + 3
