@@ -214,7 +214,8 @@ def fusion_candidate(trace, results, limits) -> list[Finding]:
     saving = float(top["dur_us"]) * (1 - 1 / length)
     step_us = step_total_us(trace, results)
     chain = " → ".join(ops[:8]) + (" → …" if len(ops) > 8 else "")
-    msg = (f"A chain of {length} memory-bound kernels ({chain}) runs {int(top['count']):,} times for "
+    runs = "once" if int(top["count"]) == 1 else f"{int(top['count']):,} times"
+    msg = (f"A chain of {length} memory-bound kernels ({chain}) runs {runs} for "
            f"{float(top['dur_us']):,.0f} µs ({100 * top['dur_us'] / kernel_us:.0f}% of kernel time): fusion candidate, "
            f"est. {saving:,.0f} µs saved")
     return [_finding("fusion_candidate", saving, step_us, msg, ops=ops, length=length, occurrences=int(top["count"]),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +99,15 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
 
 
 def write_json(report: dict[str, Any], out: Path) -> None:
-    """Strict JSON (no NaN), written atomically (temp file + rename)."""
+    """Strict JSON (no NaN), written atomically (a temporary sibling, then a rename)."""
     text = json.dumps(report, allow_nan=False, ensure_ascii=False, indent=1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @register_command("analyze", "Run every analysis and rule on trace(s); print a summary, optionally write JSON",
