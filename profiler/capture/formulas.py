@@ -133,7 +133,7 @@ def reduction_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
 
 # --- registered formulas ------------------------------------------------------------------------
 
-@register_flops(*_packets("_softmax", "_log_softmax"))
+@register_flops(*_packets("_softmax", "_log_softmax", "_safe_softmax"))
 def softmax_flops(x, *args, out_val=None, **kwargs) -> int:
     """max, subtract, exp, sum, divide (or log and subtract): 5 per element."""
     return 5 * numel(x)

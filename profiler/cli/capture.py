@@ -66,6 +66,14 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _si(x: float) -> str:
+    """1234567 -> '1.23 M' (decimal prefixes)."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}"
+    return f"{x:.3g} "
+
+
 def _progress(quiet: bool):
     def show(done: int, total: int, msg: str) -> None:
         if not quiet:
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     summary = write_outputs(result, plan, Path(out), args.ceilings, {"spec": args.spec, "nproc": args.nproc})
     print(f"captured {args.spec}: {summary['events']} events, ranks {summary['ranks']}, "
           f"median step {summary['step_time_us_median'] or float('nan'):.0f} us, "
-          f"{summary['flops_total'] / 1e9:.3f} GFLOP, {summary['bytes_moved_total'] / 1e6:.1f} MB moved "
+          f"{_si(summary['flops_total'])}FLOP, {_si(summary['bytes_moved_total'])}B moved "
           "(algorithmic lower bound)")
     for name, reason in sorted(summary["sources_off"].items()):
         print(f"  source off: {name}: {reason}")

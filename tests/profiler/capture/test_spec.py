@@ -143,3 +143,18 @@ def test_hf_model_from_config_when_installed():
     lm = load_spec("hf:llama", size="tiny")
     assert type(lm.model).__name__ == "LlamaForCausalLM"
     assert loss_of(lm.call()).dim() == 0
+
+
+def test_out_of_memory_in_a_step_is_one_line(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        class Greedy(torch.nn.Module):
+            def __init__(self):
+                super().__init__(); self.lin = torch.nn.Linear(2, 2)
+            def forward(self, x):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        def build(): return Greedy(), (torch.randn(1, 2),)
+    """, "greedy.py")
+    with pytest.raises(SpecError, match="ran out of memory") as info:
+        capture(f"{path}:build", CapturePlan(mode="infer", wait=0, warmup=0, active=1), tmp_path / "out")
+    assert "\n" not in str(info.value) and "greedy.py:build" in str(info.value)
