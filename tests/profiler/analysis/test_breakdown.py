@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from profiler.analysis import breakdown as bd
-from tests.profiler.analysis.synth import EXACT_TRACES, REAL_TRACES, SynthTrace, load, raw_gpu, real_trace
+from tests.profiler.analysis.synth import EXACT_TRACES, REAL_TRACES, SynthTrace, load, raw_events, raw_gpu, real_trace
 
 PRIORITY = ("kernel", "memcpy", "memset", "communication", "runtime", "cpu_only", "other")
 
@@ -140,3 +140,20 @@ def test_step_windows_stay_disjoint_when_gpu_work_lags_two_steps(tmp_path):
     t.launch("aten::last", "last", cpu_ts=210, kernel_ts=280, dur=10)
     w = bd.step_windows(load(t, tmp_path))
     assert list(zip(w["start_us"], w["end_us"])) == [(0, 270), (270, 270), (270, 300)]
+
+
+def test_launched_only_matches_an_independent_raw_recomputation():
+    """HTA drops GPU activity with no matching runtime call; `launched_only=True` does the same.
+    (HTA 0.2 itself printed span 1229072, compute 179676, non-compute 201180 µs on this trace.)"""
+    name = "hta_a100_80gb_rank0of16_queue_length.json.gz"
+    raw = raw_gpu(name)
+    corr = {e["args"]["correlation"] for e in raw_events(name)
+            if e["cat"] in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    launched = [e for e in raw if e["args"].get("correlation") in corr]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in launched]
+    comp = [(e["ts"], e["ts"] + e["dur"]) for e in launched if e["kind"] == "kernel" and "nccl" not in e["name"].lower()]
+    span = max(e for _, e in spans) - min(s for s, _ in spans)
+    row = bd.temporal(real_trace(name), launched_only=True).iloc[0]
+    assert (row["span_us"], row["compute_us"]) == (span, sweep_union(comp)) == (1229072.0, 179676.0)
+    assert row["non_compute_us"] == sweep_union(spans) - sweep_union(comp) == 201180.0
+    assert len(launched) < len(raw)  # the trace really has GPU work enqueued before profiling
