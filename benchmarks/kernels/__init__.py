@@ -34,4 +34,18 @@ prints ratios of every variant over "ours" measured in the same rounds, and appe
 rows (wall and CPU time, ratios, compile times, GB/s) to `benchmarks/results/kernels.csv`.
 Register a new family by adding its module name to `FAMILIES` in `benchmarks/bench_kernels.py`
 (or pass `--family NAME`; any module in this package with a `cases` function works).
+
+Optional, for the GPU check (`benchmarks/gpu/kernels_check.py`, run by `benchmarks/gpu_check.sh`
+on a lent NVIDIA GPU; it tries the families listed in its FAMILIES):
+
+    def gpu_cases(device: str = "cuda") -> list[dict]
+        Same dict contract, tensors on `device`, "ours" = the triton provider, large shapes
+        (memory-bound kernels should reach >= 90% of the D2D copy bandwidth), "bytes" required;
+        add variants "liger" / "apex" when those packages import. No "inner" needed.
+    def gpu_checks(device: str = "cuda") -> list[tuple[str, Callable[[], None]]]
+        Correctness at real sizes: (name, zero-arg check raising AssertionError on a mismatch),
+        e.g. `tests.kernels.numerics.check_against_reference` calls.
+
+Keep the GPU part of a family under ~15 s (compile included): the whole check has 90 s.
+See `benchmarks/kernels/norms.py` for a complete example of all three functions.
 """

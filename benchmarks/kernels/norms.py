@@ -5,7 +5,8 @@ Per kernel (layer_norm, rms_norm, add_rms_norm), shape (tokens 4096 x hidden 768
 fwd+bwd with torch.autograd.grad so no gradient accumulation is timed), the variants are:
 naive (the eager reference composition, which is what HF-style code runs), aten (F.layer_norm /
 F.rms_norm), ours (provider="cpu"), and torch.compile of the reference (added by the driver).
-FL_BENCH_QUICK=1 uses 1024 x 768 only.
+FL_BENCH_QUICK=1 uses 1024 x 768 only. `gpu_cases` / `gpu_checks` serve the GPU check (Triton
+provider at 16384 x 4096, plus Liger-Kernel and apex when importable).
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from kernels import norms
 from kernels.registry import KERNELS
 
 
-@lru_cache(maxsize=None)
-def _tensors(m: int, n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+@lru_cache(maxsize=4)
+def _tensors(m: int, n: int, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
     """Inputs shared by every case of one shape/dtype: x, residual, upstream grad, weight, bias."""
     g = torch.Generator().manual_seed(0)
-    t = {k: torch.randn(m, n, generator=g).to(dtype) for k in ("x", "r", "dy")}
-    t["w"] = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
-    t["b"] = (0.1 * torch.randn(n, generator=g)).to(dtype)
+    t = {k: torch.randn(m, n, generator=g).to(device=device, dtype=dtype) for k in ("x", "r", "dy")}
+    t["w"] = (1 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
+    t["b"] = (0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
     return t
 
 
@@ -35,18 +36,48 @@ def _aten_add_rms(x, r, w, eps):
     return s, F.rms_norm(s, (s.shape[-1],), w, eps)
 
 
-def _fns(kernel: str, n: int):
-    """(naive, aten, ours, arg names) for one kernel."""
+def _fns(kernel: str, n: int, provider: str = "cpu"):
+    """(naive, aten, ours, arg names, eps) for one kernel."""
     if kernel == "layer_norm":
         return (norms.layer_norm_reference, lambda x, w, b, eps: F.layer_norm(x, (n,), w, b, eps),
-                lambda x, w, b, eps: kernels.layer_norm(x, w, b, eps, provider="cpu"), ("x", "w", "b"), 1e-5)
+                lambda x, w, b, eps: kernels.layer_norm(x, w, b, eps, provider=provider), ("x", "w", "b"), 1e-5)
     if kernel == "rms_norm":
         return (norms.rms_norm_reference, lambda x, w, eps: F.rms_norm(x, (n,), w, eps),
-                lambda x, w, eps: kernels.rms_norm(x, w, eps, provider="cpu"), ("x", "w"), 1e-6)
+                lambda x, w, eps: kernels.rms_norm(x, w, eps, provider=provider), ("x", "w"), 1e-6)
     if kernel == "add_rms_norm":
         return (norms.add_rms_norm_reference, _aten_add_rms,
-                lambda x, r, w, eps: kernels.add_rms_norm(x, r, w, eps, provider="cpu"), ("x", "r", "w"), 1e-6)
+                lambda x, r, w, eps: kernels.add_rms_norm(x, r, w, eps, provider=provider), ("x", "r", "w"), 1e-6)
     raise ValueError(f"no benchmark for {kernel}")
+
+
+def _third_party(kernel: str, n: int) -> dict:
+    """Liger-Kernel / apex equivalents when importable (GPU only): name -> fn(*args, eps)."""
+    found = {}
+    try:
+        from liger_kernel.transformers.functional import liger_layer_norm, liger_rms_norm
+
+        def liger_rms(x, w, eps):
+            try:  # newer Liger: keep dy intact (in_place=False), HF llama casting
+                return liger_rms_norm(x, w, eps, offset=0.0, casting_mode="llama", in_place=False)
+            except TypeError:
+                return liger_rms_norm(x, w, eps)
+
+        if kernel == "layer_norm":
+            found["liger"] = lambda x, w, b, eps: liger_layer_norm(x, w, b, eps)
+        elif kernel == "rms_norm":
+            found["liger"] = liger_rms
+    except ImportError:
+        pass
+    try:
+        from apex.normalization.fused_layer_norm import fused_layer_norm_affine, fused_rms_norm_affine
+
+        if kernel == "layer_norm":
+            found["apex"] = lambda x, w, b, eps: fused_layer_norm_affine(x, w, b, (n,), eps)
+        elif kernel == "rms_norm":
+            found["apex"] = lambda x, w, eps: fused_rms_norm_affine(x, w, (n,), eps)
+    except ImportError:
+        pass
+    return found
 
 
 def _step(fn, args: list, eps: float, backward: bool, dy: torch.Tensor):
@@ -64,17 +95,18 @@ def _step(fn, args: list, eps: float, backward: bool, dy: torch.Tensor):
     return fwd_bwd
 
 
-def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool) -> dict:
-    naive, aten, ours, names, eps = _fns(kernel, n)
-    t = _tensors(m, n, dtype)
+def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool, device: str = "cpu",
+          provider: str = "cpu") -> dict:
+    naive, aten, ours, names, eps = _fns(kernel, n, provider)
+    t = _tensors(m, n, dtype, device)
     args = [t[k].detach().clone().requires_grad_(backward) for k in names]
     cost = KERNELS[kernel].cost(*args, eps)
     e, size = m * n, t["x"].element_size()
     n_in = 2 if kernel.startswith("add_") else 1
     # backward reads dy (+ the sum's grad) and x (or the sum), writes dx: 2 + n_in tensors
     bytes_moved = cost.bytes_fused + ((2 + n_in) * e * size if backward else 0)
-    variants = {name: _step(fn, args, eps, backward, t["dy"]) for name, fn in
-                (("naive", naive), ("aten", aten), ("ours", ours))}
+    fns = {"naive": naive, "aten": aten, **(_third_party(kernel, n) if device == "cuda" else {}), "ours": ours}
+    variants = {name: _step(fn, args, eps, backward, t["dy"]) for name, fn in fns.items()}
     return {
         "kernel": kernel, "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
         "dtype": str(dtype).replace("torch.", ""), "variants": variants,
@@ -91,3 +123,20 @@ def cases(threads: int) -> list[dict]:
     kernel_names = os.environ.get("FL_BENCH_NORMS", "layer_norm,rms_norm,add_rms_norm").split(",")
     return [_case(k, m, n, dt, bwd) for k in kernel_names for (m, n) in shapes for dt in dtypes
             for bwd in (False, True)]
+
+
+def gpu_cases(device: str = "cuda") -> list[dict]:
+    """Large CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider; Liger/apex if present)."""
+    out = [_case(k, 16384, 4096, torch.bfloat16, bwd, device, "triton")
+           for k in ("layer_norm", "rms_norm", "add_rms_norm") for bwd in (False, True)]
+    out += [_case(k, 16384, 4096, torch.float32, False, device, "triton") for k in ("layer_norm", "rms_norm")]
+    return out
+
+
+def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
+    """Correctness at real sizes on the GPU: (name, zero-arg check that raises on mismatch)."""
+    from tests.kernels.norm_cases import CASES
+
+    return [(f"{name} 8192x4096 {dt}", lambda c=CASES[name], dt=dt: c.check("triton", (8192, 4096), dt, device=device))
+            for name in ("layer_norm", "rms_norm", "rms_norm_gemma", "add_layer_norm", "add_rms_norm")
+            for dt in (torch.float32, torch.bfloat16)]

@@ -1,0 +1,189 @@
+"""GPU check of the Triton kernels (run by benchmarks/gpu_check.sh on a lent NVIDIA GPU).
+
+1. Correctness at real sizes: every `gpu_checks(device)` of the family modules in
+   `benchmarks/kernels/` (each a zero-arg callable that raises on a mismatch vs float64).
+2. Device-to-device copy bandwidth (1 GiB `y.copy_(x)`, CUDA events): the roof of these
+   memory-bound kernels.
+3. Speed: every `gpu_cases(device)` (same dict contract as `cases`, see
+   `benchmarks/kernels/__init__.py`), variants interleaved round by round, timed with CUDA events,
+   plus torch.compile of the reference (compile time reported separately) while the time budget
+   allows. Prints p50 time, GB/s, % of the copy bandwidth and every variant's time over ours.
+
+Writes `<out>/kernels_gpu.csv` (benchmarks.harness columns) and `<out>/kernels_gpu.md`.
+Usage: python benchmarks/gpu/kernels_check.py --out DIR [--budget-s 80] [--family norms]
+Without a CUDA GPU it says so and exits 0 (nothing to check).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import importlib
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.harness import CSV_COLUMNS, percentiles  # noqa: E402
+
+FAMILIES = ("norms", "activations", "softmax", "rope", "cross_entropy", "optim")
+
+
+def cuda_time_s(fn, inner: int) -> float:
+    """Seconds per call of fn over `inner` back-to-back calls, by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(inner):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / inner
+
+
+def interleave_cuda(variants: dict, rounds: int, inner: int) -> dict[str, list[float]]:
+    """Per-variant seconds per call, variants interleaved round by round."""
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            samples[name].append(cuda_time_s(fn, inner))
+    return samples
+
+
+def copy_bandwidth_gb_per_s(device: str) -> float:
+    x = torch.empty(256 * 1024 * 1024, dtype=torch.float32, device=device).normal_()
+    y = torch.empty_like(x)
+    s = interleave_cuda({"copy": lambda: y.copy_(x)}, rounds=5, inner=5)["copy"]
+    bw = 2 * x.numel() * 4 / percentiles(s)[1] / 1e9
+    del x, y
+    torch.cuda.empty_cache()
+    return bw
+
+
+def _working(variants: dict) -> tuple[dict, dict[str, str]]:
+    """Run each variant once; drop the ones that fail (a missing or broken third-party kernel)."""
+    ok, failed = {}, {}
+    for name, fn in variants.items():
+        try:
+            fn()
+            ok[name] = fn
+        except Exception as exc:  # recorded and shown, not fatal
+            failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+    torch.cuda.synchronize()
+    return ok, failed
+
+
+def run_checks(modules, device: str) -> list[list[str]]:
+    table = []
+    for mod in modules:
+        for name, check in getattr(mod, "gpu_checks", lambda d: [])(device):
+            t0 = time.perf_counter()
+            try:
+                check()
+                result = "PASS"
+            except Exception as exc:
+                result = f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            table.append([name, result, f"{time.perf_counter() - t0:.1f}s"])
+            print(f"  check {name}: {result}", flush=True)
+    return table
+
+
+def bench_case(case: dict, bw: float, compile_ok: bool, rows: list, gpu: str) -> list[list]:
+    shape = f"{case['shape']} {case['dtype']} {case['pass']}"
+    variants, failed = _working(dict(case["variants"]))
+    if compile_ok and case.get("compile"):
+        try:
+            t0 = time.perf_counter()
+            step = case["compile"]()
+            step()
+            torch.cuda.synchronize()
+            rows.append(_row(case["kernel"], "compile", shape, "compile_cold_s", time.perf_counter() - t0, "s", gpu))
+            variants["compile"] = step
+        except Exception as exc:
+            failed["compile"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+    samples = interleave_cuda(variants, rounds=5, inner=10)
+    ours = samples["ours"]
+    table = []
+    for name, s in samples.items():
+        p20, p50, p80 = percentiles(s)
+        ratio = percentiles(a / b for a, b in zip(s, ours))[1]
+        gbs = case.get("bytes", 0.0) / p50 / 1e9
+        rows.append(_row(case["kernel"], name, shape, "time", p50 * 1e3, "ms", gpu, p20 * 1e3, p80 * 1e3))
+        rows.append(_row(case["kernel"], name, shape, "bandwidth_pct_of_copy", 100 * gbs / bw, "%", gpu))
+        if name != "ours":
+            rows.append(_row(case["kernel"], f"ours_vs_{name}", shape, "speedup", ratio, "x", gpu))
+        table.append([case["kernel"], shape, name, f"{p50 * 1e3:.3f}", f"{gbs:.0f}", f"{100 * gbs / bw:.0f}%",
+                      f"{ratio:.2f}x"])
+    for name, why in failed.items():
+        table.append([case["kernel"], shape, name, "failed", "", "", why])
+    return table
+
+
+def _row(kernel, variant, shape, metric, p50, unit, gpu, p20=None, p80=None) -> dict:
+    return dict(date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), machine=gpu,
+                benchmark=kernel, variant=variant, shape=shape, metric=metric,
+                p20=f"{p50 if p20 is None else p20:.6g}", p50=f"{p50:.6g}", p80=f"{p50 if p80 is None else p80:.6g}",
+                unit=unit, notes="triton provider; CUDA events; interleaved 5 rounds x 10 calls")
+
+
+def _markdown(title: str, header: list[str], table: list[list]) -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="GPU check of the Triton kernels")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--budget-s", type=float, default=80.0)
+    ap.add_argument("--family", action="append")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels_check: no CUDA GPU here, nothing to check")
+        return 0
+    t_start = time.perf_counter()
+    device, gpu = "cuda", torch.cuda.get_device_name(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    modules = []
+    for fam in args.family or FAMILIES:
+        try:
+            modules.append(importlib.import_module(f"benchmarks.kernels.{fam}"))
+        except ModuleNotFoundError:
+            continue
+        except Exception as exc:  # one broken family must not hide the others' results
+            print(f"kernels_check: skipping family {fam}: {type(exc).__name__}: {exc}", flush=True)
+    print(f"kernels_check on {gpu}: families {[m.__name__.rsplit('.', 1)[-1] for m in modules]}", flush=True)
+    checks = run_checks(modules, device)
+    bw = copy_bandwidth_gb_per_s(device)
+    print(f"D2D copy bandwidth: {bw:.0f} GB/s", flush=True)
+    rows = [_row("copy", "y.copy_(x)", "268435456 float32", "bandwidth", bw, "GB/s", gpu)]
+    table: list[list] = []
+    for mod in modules:
+        for case in getattr(mod, "gpu_cases", lambda d: [])(device):
+            elapsed = time.perf_counter() - t_start
+            if elapsed > args.budget_s:
+                print(f"  budget of {args.budget_s:.0f} s spent: stopping before {case['kernel']}")
+                break
+            table += bench_case(case, bw, elapsed < 0.5 * args.budget_s, rows, gpu)
+            print("  " + " | ".join(table[-1]), flush=True)
+    header = ["kernel", "shape", "variant", "p50 ms", "GB/s", "% copy bw", "time / ours"]
+    md = _markdown(f"Kernel checks on {gpu}", ["check", "result", "time"], checks)
+    md += "\n" + _markdown(f"Kernel speed on {gpu} (D2D copy {bw:.0f} GB/s)", header, table)
+    (args.out / "kernels_gpu.md").write_text(md)
+    with (args.out / "kernels_gpu.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    print(md)
+    return 1 if any(r[1] != "PASS" for r in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
