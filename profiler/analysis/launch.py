@@ -9,7 +9,7 @@ the median).
 
 Verdict. A run is launch-bound when the GPU waits on the launches rather than on work: all of
 - the GPU is busy (union of its activity) less than `busy_threshold` (80%) of its span;
-- at least `idle_launch_threshold` (50%) of kernels were launched into an empty stream queue
+- at least `empty_queue_threshold` (50%) of kernels were launched into an empty stream queue
   (everything enqueued before them on their stream had finished: the stream waited for the host
   to issue them; HTA's "queue length 0");
 - at least `short_share_threshold` (50%) of kernels are shorter than 10 µs, i.e. comparable to a
@@ -61,7 +61,7 @@ class LaunchStats:
     short_kernels: pd.DataFrame  # threshold_us, count, total_us, count_share, time_share
     span_us: float
     gpu_busy_share: float
-    idle_launch_share: float
+    empty_queue_share: float
     short_share_10us: float
     host_wait_us: float
     launch_bound: bool
@@ -70,7 +70,7 @@ class LaunchStats:
     def __post_init__(self) -> None:
         if self.kernels < 0 or self.kernels_with_launch > self.kernels:
             raise ValueError("LaunchStats: inconsistent kernel counts")
-        for name in ("gpu_busy_share", "idle_launch_share", "short_share_10us"):
+        for name in ("gpu_busy_share", "empty_queue_share", "short_share_10us"):
             v = getattr(self, name)
             if not (np.isnan(v) or -1e-9 <= v <= 1 + 1e-9):
                 raise ValueError(f"LaunchStats.{name} must be a share in [0, 1], got {v}")
@@ -121,7 +121,7 @@ def _short_kernels(dur: np.ndarray, thresholds: tuple[float, ...]) -> pd.DataFra
 @register_analysis("launch_stats", "Launch overhead and launch delay",
                    "Launch delay and outliers, CPU time in launch calls, short kernels; is the run launch-bound?")
 def launch_stats(trace, k_mad: float = 5.0, max_outliers: int = 50, busy_threshold: float = 0.8,
-                 idle_launch_threshold: float = 0.5, short_share_threshold: float = 0.5) -> LaunchStats:
+                 empty_queue_threshold: float = 0.5, short_share_threshold: float = 0.5) -> LaunchStats:
     """Launch delay distribution and outliers, launch CPU time per API, short kernels, verdict."""
     if k_mad <= 0 or max_outliers < 0:
         raise ValueError("k_mad must be > 0 and max_outliers >= 0")
@@ -147,15 +147,15 @@ def launch_stats(trace, k_mad: float = 5.0, max_outliers: int = 50, busy_thresho
     short = _short_kernels(dur, SHORT_KERNEL_THRESHOLDS_US)
     span, busy = _gpu_span_busy(o)
     busy_share = busy / span if span > 0 else float("nan")
-    idle_launch = float(matched["empty_queue"].mean()) if len(matched) else float("nan")
+    empty_queue_frac = float(matched["empty_queue"].mean()) if len(matched) else float("nan")
     short10 = float((dur < 10.0).mean()) if len(dur) else float("nan")
     gaps = _gaps(o, DEFAULT_KERNEL_WAIT_THRESHOLD_US)
     checks = (
         (busy_share < busy_threshold,
          f"GPU busy {_pct(busy_share)} of its span (launch-bound needs < {_pct(busy_threshold)})"),
-        (idle_launch >= idle_launch_threshold,
-         f"{_pct(idle_launch)} of kernels were launched into an empty stream queue "
-         f"(needs >= {_pct(idle_launch_threshold)})"),
+        (empty_queue_frac >= empty_queue_threshold,
+         f"{_pct(empty_queue_frac)} of kernels were launched into an empty stream queue "
+         f"(needs >= {_pct(empty_queue_threshold)})"),
         (short10 >= short_share_threshold,
          f"{_pct(short10)} of kernels are shorter than 10 µs (needs >= {_pct(short_share_threshold)})"),
     )
@@ -168,7 +168,7 @@ def launch_stats(trace, k_mad: float = 5.0, max_outliers: int = 50, busy_thresho
         outlier_threshold_us=threshold, outlier_count=len(out_rows), outliers=outliers,
         launch_calls=int(apis["calls"].sum()), launch_cpu_us=float(apis["total_us"].sum()),
         launch_apis=apis, short_kernels=short, span_us=span, gpu_busy_share=busy_share,
-        idle_launch_share=idle_launch, short_share_10us=short10,
+        empty_queue_share=empty_queue_frac, short_share_10us=short10,
         host_wait_us=float(gaps["host_wait_us"].sum()), launch_bound=verdict,
         reasons=tuple(("yes: " if ok else "no: ") + text for ok, text in checks))
 

@@ -57,7 +57,7 @@ def test_launch_bound_verdict(tmp_path):
     s = launch.launch_stats(load(tiny, tmp_path / "tiny"))
     assert s.launch_bound is True
     assert s.gpu_busy_share == pytest.approx(3 * 200 / (199 * 20 + 9 - 6), rel=1e-9)
-    assert s.idle_launch_share == 1.0 and s.short_share_10us == 1.0
+    assert s.empty_queue_share == 1.0 and s.short_share_10us == 1.0
     assert all(r.startswith("yes") for r in s.reasons)
     # Each 17 µs gap: 11 µs before the next launch call (host wait), then 6 µs launch latency.
     assert s.host_wait_us == pytest.approx(199 * 11)
