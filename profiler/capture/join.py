@@ -9,7 +9,8 @@ recorded step, the same program every step) is matched greedily in order:
   saw, skipping those nested inside an earlier candidate on the same thread (an inner
   aten::copy_ of aten::_to_copy is part of it, never a recorded copy_ of its own);
 - candidates and recorded ops are aligned in order by name (difflib's matching blocks), so an op
-  present on one side only is one miss, never a shift of everything after it;
+  present on one side only is one miss, never a shift of everything after it; an in-place and
+  an out-of-place form align (`canonical`);
 - views and aliases (aten::t, view, detach, ...) cost 0 by definition: they are not matched (the
   recorder sees detaches autograd makes for saved tensors that the profiler does not show) and
   every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
@@ -73,6 +74,13 @@ def _steps_of(events: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
     return step
 
 
+def canonical(name: str) -> str:
+    """In-place and out-of-place forms align (aten::add_ ~ aten::add): autograd accumulates
+    gradients in place in a real run but out of place under a dispatch mode; both move the same
+    bytes and do the same FLOPs."""
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
 def candidates(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray, wanted: set[str]) -> list[int]:
     """Positions of profiled ops the recorder can have seen: a recorded name, not nested in another.
 
@@ -98,9 +106,11 @@ def match_sequence(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.nd
     side only (the recorder sees aten::add where autograd ran add_ in place) costs one miss and
     never shifts the rest.
     """
-    cand = candidates(names, ts, end, tid, set(recorded))
+    names = [canonical(n) for n in names]
+    wanted = [canonical(n) for n in recorded]
+    cand = candidates(names, ts, end, tid, set(wanted))
     cand_names = [names[j] for j in cand]
-    sm = difflib.SequenceMatcher(None, cand_names, recorded, autojunk=False)
+    sm = difflib.SequenceMatcher(None, cand_names, wanted, autojunk=False)
     prof_idx: list[int] = []
     rec_idx: list[int] = []
     for a, b, size in sm.get_matching_blocks():
