@@ -4,7 +4,9 @@ Links, in order of trust (the same chain HTA and the TensorBoard profiler follow
 1. GPU activity (kernel, memcpy, memset) -> its runtime/driver launch call by (rank, correlation).
    Under a CUDA/HIP graph many kernels share the `cudaGraphLaunch` correlation, so they all land
    on it; `cuLaunchKernel` (Triton) and `hipExtModuleLaunchKernel` are launches like any other.
-2. Launch -> CPU op by External id (kernel's, else the launch's), when it names a `cpu_op`.
+2. Launch -> CPU op by External id (kernel's, else the launch's), when it names a `cpu_op` on the
+   launching thread whose interval contains the launch call (some exporters number External ids
+   from an unrelated counter; docs/analysis.md shows two real traces where that happens).
 3. Else time containment: the innermost scope on the launching thread whose interval contains
    the launch call. Scopes are cpu_op, user_annotation (not `ProfilerStep#`) and
    `nn.Module: X` python_function events; they nest per thread (see `nesting.py`).
@@ -29,6 +31,9 @@ PATH_SEP = " > "
 LINKS = ("external_id", "containment", "none")
 MODULE_VIA = ("scope", "backward_sequence")
 THREAD_KEYS = ["rank", "pid", "tid"]
+SCOPE_COLUMNS = THREAD_KEYS + ["ts_us", "dur_us", "name", "external_id", "input_dims", "sequence_number"]
+GPU_COLUMNS = ["rank", "kind", "name", "stream", "ts_us", "dur_us", "step", "correlation", "external_id",
+               "collective_name"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ def _scope_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     is_mod = (kind == "python_function").to_numpy() & name_startswith(ev["name"], MODULE_PREFIX)
     keep = (is_op | is_ann | is_mod) & ~name_startswith(ev["name"], STEP_PREFIX)
     code = np.where(is_op, 0, np.where(is_ann, 1, 2))[keep]
-    return ev.loc[keep], code
+    return ev.loc[keep, SCOPE_COLUMNS], code
 
 
 def _thread_codes(*frames: pd.DataFrame) -> list[np.ndarray]:
@@ -144,7 +149,7 @@ def attribution(trace) -> Attribution:
     """Attribute every kernel/memcpy/memset to its launch, op chain and module; aggregate trees."""
     ev = trace.events
     scopes, scope_kind = _scope_rows(ev)
-    gpu = ev.loc[ev["kind"].isin(GPU_ACTIVITY_KINDS)]
+    gpu = ev.loc[ev["kind"].isin(GPU_ACTIVITY_KINDS).to_numpy(), GPU_COLUMNS]
     links = _launch_links(ev, gpu)
     launch_rows = links.rename(columns={"launch_pid": "pid", "launch_tid": "tid"})
     scope_group, launch_group = _thread_codes(scopes, launch_rows)
