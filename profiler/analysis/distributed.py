@@ -33,9 +33,12 @@ REL_TOL = 0.10      # and at least 10% of the scale, so tiny spreads do not flag
 
 
 def _gpu_typed(trace) -> pd.DataFrame:
+    """GPU activity rows (only the columns used here) with their kernel type, sorted by rank."""
     ev = trace.events
-    g = ev.loc[ev["kind"].isin(kt.GPU_ACTIVITY_KINDS)]
-    return g.assign(kernel_type=kt.kernel_type(g).to_numpy())
+    g = ev.loc[ev["kind"].isin(kt.GPU_ACTIVITY_KINDS).to_numpy(), ["rank", "kind", "name", "ts_us", "dur_us",
+                                                                  "collective_name"]]
+    g = g.assign(kernel_type=kt.kernel_type(g).to_numpy())
+    return g.sort_values("rank", kind="stable")
 
 
 @register_analysis("comm_comp_overlap", "Communication / computation overlap",
@@ -44,15 +47,17 @@ def comm_comp_overlap(trace) -> pd.DataFrame:
     """Columns: rank, comm_kernels, comm_us (sum), comm_busy_us (union), compute_busy_us,
     overlap_us, overlap_pct (NaN without communication), exposed_comm_us."""
     g = _gpu_typed(trace)
+    ranks = g["rank"].to_numpy()
+    ts, end = g["ts_us"].to_numpy(float), (g["ts_us"] + g["dur_us"]).to_numpy(float)
+    ktype = g["kernel_type"].to_numpy()
     rows = []
-    for rank in sorted(trace.events["rank"].unique().tolist()):  # one iteration per rank
-        r = g[g["rank"] == rank]
-        comm = r[r["kernel_type"] == kt.COMMUNICATION]
-        comp = r[r["kernel_type"] == kt.COMPUTATION]
-        cu = iv.union(comm["ts_us"], comm["ts_us"] + comm["dur_us"])
-        pu = iv.union(comp["ts_us"], comp["ts_us"] + comp["dur_us"])
+    for rank in sorted(int(r) for r in trace.events["rank"].unique()):  # one iteration per rank
+        lo, hi = np.searchsorted(ranks, rank, "left"), np.searchsorted(ranks, rank, "right")
+        t, e, k = ts[lo:hi], end[lo:hi], ktype[lo:hi]
+        comm, comp = k == kt.COMMUNICATION, k == kt.COMPUTATION
+        cu, pu = iv.union(t[comm], e[comm]), iv.union(t[comp], e[comp])
         both = iv.intersection_length(cu, pu)
-        rows.append({"rank": int(rank), "comm_kernels": len(comm), "comm_us": float(comm["dur_us"].sum()),
+        rows.append({"rank": rank, "comm_kernels": int(comm.sum()), "comm_us": float((e - t)[comm].sum()),
                      "comm_busy_us": cu.total_us, "compute_busy_us": pu.total_us, "overlap_us": both,
                      "overlap_pct": 100.0 * both / cu.total_us if cu.total_us > 0 else np.nan,
                      "exposed_comm_us": cu.total_us - both})
