@@ -108,3 +108,11 @@ def test_report_multi_rank_and_generic_serialisation():
     assert r["errors"] == {}
     assert "attribution" in r["analyses"] and "stragglers" in r["analyses_skipped"]
     assert jsonable(float("nan")) is None and jsonable({"a": [1.5, float("inf")]}) == {"a": [1.5, None]}
+
+
+def test_bench_analyses_script_runs_small(tmp_path):
+    """Smoke test of the benchmark script on a small trace (timings are not checked)."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_analyses.py"), "--trace", BERT,
+                        "--rounds", "1", "--no-csv"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "all analyses / ingestion" in p.stdout and "attribution" in p.stdout
