@@ -135,8 +135,13 @@ def innermost(nest: Nest, group: np.ndarray, t: np.ndarray) -> np.ndarray:
     gval = nest.group[glo]
     gi = np.searchsorted(gval, group)
     known = (gi < len(gval)) & (gval[np.minimum(gi, len(gval) - 1)] == group)
-    for k in np.unique(gi[known]):  # one iteration per thread
-        q = np.flatnonzero(known & (gi == k))
+    qs = np.flatnonzero(known)
+    qs = qs[np.argsort(gi[qs], kind="stable")]  # queries grouped by thread
+    cuts = np.searchsorted(gi[qs], np.arange(len(gval) + 1))
+    for k in range(len(gval)):  # one iteration per thread
+        q = qs[cuts[k]:cuts[k + 1]]
+        if len(q) == 0:
+            continue
         a, b = glo[k], ghi[k]
         idx = np.searchsorted(nest.start[a:b], t[q], "right") - 1
         out[q] = np.where(idx >= 0, idx + a, -1)
