@@ -2,24 +2,13 @@
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
-from functools import lru_cache
 
 import numpy as np
 import pytest
 
 from profiler.analysis.attribution import attribution
-from tests.profiler.analysis.synth import HOST_PID, HOST_TID, REAL_TRACES, TRACES_DIR, SynthTrace, load, real_trace
-
-
-@lru_cache(maxsize=2)
-def raw_events(name: str) -> tuple[dict, ...]:
-    """All raw `ph: X` events (CPU ops included) of a committed trace, plain `json`."""
-    with gzip.open(TRACES_DIR / name, "rt") as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    return tuple(e for e in events if isinstance(e, dict) and e.get("ph") == "X")
+from tests.profiler.analysis.raw_json import raw_events
+from tests.profiler.analysis.synth import HOST_PID, HOST_TID, REAL_TRACES, SynthTrace, load, real_trace
 
 
 def module(t: SynthTrace, name: str, ts: float, dur: float, tid: int = HOST_TID) -> None:

@@ -5,7 +5,7 @@ import pytest
 
 from profiler.analysis.diff import diff
 from tests.profiler.analysis.synth import SynthTrace, load, real_trace
-from tests.profiler.analysis.test_attribution import raw_events
+from tests.profiler.analysis.raw_json import raw_events
 
 GPU_CATS = ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
 

@@ -10,7 +10,7 @@ import pytest
 
 from profiler.analysis.report_json import REPORT_SCHEMA_VERSION, build_report, jsonable
 from tests.profiler.analysis.synth import TRACES_DIR, real_trace
-from tests.profiler.analysis.test_attribution import raw_events
+from tests.profiler.analysis.raw_json import raw_events
 
 ROOT = Path(__file__).resolve().parents[3]
 BERT = str(TRACES_DIR / "tracelens_h100_bert_small.json.gz")
