@@ -154,21 +154,32 @@ def h2d_copy_in_step(trace, results, limits) -> list[Finding]:
 
 @register_rule("comm_not_overlapped", "Communication that computation does not hide")
 def comm_not_overlapped(trace, results, limits) -> list[Finding]:
-    """Ranks whose comm/compute overlap is below the limit; saving = exposed communication time."""
+    """Ranks whose comm/compute overlap is below the limit; saving = exposed communication time
+    minus the time those ranks' collectives spent waiting for late ranks (that part belongs to
+    the `stragglers` rule, so the two savings do not count it twice)."""
+    from profiler.analysis.distributed import matched_collectives
+
     o = results["comm_comp_overlap"]
     o = o[(o["comm_busy_us"] > 0) & (o["overlap_pct"] < limits["max_overlap_pct"])]
     if o.empty:
         return []
     step_us = step_total_us(trace, results)
     exposed = float(o["exposed_comm_us"].sum())
-    pct = 100.0 * exposed / step_us if step_us > 0 else float("nan")
+    wait = 0.0
+    if len(trace.ranks) > 1:
+        m = results.memo("matched_collectives", lambda: matched_collectives(trace))
+        wait = min(float(m.loc[m["rank"].isin(o["rank"]), "wait_us"].sum()), exposed)
+    saving = exposed - wait
+    pct = 100.0 * saving / step_us if step_us > 0 else float("nan")
     if not pct >= limits["min_pct"]:
         return []
     overlap = 100.0 * float(o["overlap_us"].sum()) / float(o["comm_busy_us"].sum())
-    msg = (f"Only {overlap:.0f}% of communication overlaps computation on {len(o)} rank(s): {exposed:,.0f} µs "
-           f"({pct:.0f}% of step time) is exposed; overlap collectives with compute (DDP buckets, FSDP prefetch)")
-    return [_finding("comm_not_overlapped", exposed, step_us, msg, ranks=o["rank"].tolist(), overlap_pct=overlap,
-                     exposed_comm_us=exposed)]
+    waiting = f", of which {wait:,.0f} µs waits for late ranks" if wait > 0 else ""
+    msg = (f"Only {overlap:.0f}% of communication overlaps computation on {len(o)} rank(s): {exposed:,.0f} µs is "
+           f"exposed{waiting}; {saving:,.0f} µs ({pct:.0f}% of step time) could hide behind compute "
+           f"(DDP buckets, FSDP prefetch)")
+    return [_finding("comm_not_overlapped", saving, step_us, msg, ranks=o["rank"].tolist(), overlap_pct=overlap,
+                     exposed_comm_us=exposed, straggler_wait_us=wait)]
 
 
 def _chains(k: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -106,6 +106,16 @@ def test_fp32_matmul_without_tensor_cores(tmp_path):
     assert findings(load(t, tmp_path / "tc"), "fp32_matmul_no_tensor_cores") == []
 
 
+def test_comm_wait_for_a_straggler_is_not_counted_twice(tmp_path):
+    trace = load(straggler_ranks(4, slow=2), tmp_path)
+    (f,) = findings(trace, "comm_not_overlapped")
+    # 3 healthy ranks x 4 collectives x 300 µs + 4 x 100 µs on the slow rank are exposed; the
+    # healthy ranks wait 200 µs in each of their 12 collectives for rank 2.
+    assert f.evidence["exposed_comm_us"] == pytest.approx(3 * 4 * 300 + 4 * 100)
+    assert f.evidence["straggler_wait_us"] == pytest.approx(3 * 4 * 200)
+    assert f.est_saving_us == pytest.approx(4000 - 2400)
+
+
 def test_straggler_rule(tmp_path):
     (f,) = findings(load(straggler_ranks(4, slow=2), tmp_path), "stragglers")
     assert f.evidence["rank"] == 2 and "Rank 2" in f.message
