@@ -7,15 +7,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run(*args):
+def run(*args, data_dir=None):
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if data_dir is not None:  # measured ceilings are cached here, not in the repository
+        env["FUSIONLENS_DATA_DIR"] = str(data_dir)
     return subprocess.run([sys.executable, "-m", "profiler", "capture", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+                          capture_output=True, text=True, timeout=240, env=env)
 
 
 def test_capture_writes_everything(tmp_path):
     out = tmp_path / "cap"
-    proc = run("mlp", "--size", "tiny", "--mode", "infer", "--steps", "2", "--out", str(out), "--ceilings", "quick")
+    proc = run("mlp", "--size", "tiny", "--mode", "infer", "--steps", "2", "--out", str(out), "--ceilings", "quick",
+               data_dir=tmp_path / "data")
     assert proc.returncode == 0, proc.stderr
     assert "[4/4]" in proc.stderr and "source off: nvml" in proc.stdout
     assert (out / "kineto_rank0.pt.trace.json").is_file()
