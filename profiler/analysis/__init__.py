@@ -19,6 +19,7 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "distributed",
     "diff",
     "rules",
+    "roofline",
 )
 
 
