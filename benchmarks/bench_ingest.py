@@ -229,11 +229,13 @@ def report(results: dict, size_mb: float, path: Path, a: argparse.Namespace) -> 
         cpu = percentiles(x["cpu_s"] for x in runs)
         rss = percentiles(x["rss_peak_mb"] for x in runs)
         mbps = percentiles(size_mb / x["wall_s"] for x in runs)
+        mbps_cpu = percentiles(size_mb / x["cpu_s"] for x in runs)
         vs_json = _ratio(results, "fusionlens", v, "cpu_s") if v != "fusionlens" else (1.0,) * 3
-        table.append([v, len(runs), wall[1], cpu[1], mbps[1], rss[1], rss[1] / size_mb,
+        table.append([v, len(runs), wall[1], cpu[1], mbps[1], size_mb / cpu[1], rss[1], rss[1] / size_mb,
                       vs_json[1] if v != "fusionlens" else "-"])
         for metric, (p20, p50, p80), unit in (("wall_time", wall, "s"), ("cpu_time", cpu, "s"),
-                                              ("throughput", mbps, "MB/s"), ("peak_rss", rss, "MB")):
+                                              ("throughput", mbps, "MB/s"), ("throughput_cpu", mbps_cpu, "MB/s"),
+                                              ("peak_rss", rss, "MB")):
             rows.append(dict(benchmark="ingest", variant=v, shape=shape, metric=metric, p20=p20, p50=p50,
                              p80=p80, unit=unit, notes=f"{notes}; n={len(runs)}"))
         rows.append(dict(benchmark="ingest", variant=v, shape=shape, metric="peak_rss_per_input_size",
@@ -245,7 +247,8 @@ def report(results: dict, size_mb: float, path: Path, a: argparse.Namespace) -> 
                 rows.append(dict(benchmark="ingest", variant=v, shape=shape, metric=f"{key[:-2]}_vs_fusionlens",
                                  p20=p20, p50=p50, p80=p80, unit="x", notes=f"{notes}; >1: fusionlens faster"))
     print_table(f"Ingestion of {path.name} ({size_mb:.0f} MB uncompressed); medians",
-                ["variant", "runs", "wall s", "cpu s", "MB/s", "peak RSS MB", "RSS/size", "cpu x fusionlens"],
+                ["variant", "runs", "wall s", "cpu s", "MB/s wall", "MB/s cpu", "peak RSS MB", "RSS/size",
+                 "cpu x fusionlens"],
                 table)
     if results["fusionlens"] and results["json.loads"]:
         fl, js = _ratio(results, "json.loads", "fusionlens", "cpu_s"), _ratio(results, "json.loads", "fusionlens", "wall_s")
