@@ -169,11 +169,53 @@ def _cost_summary(costs: Optional[pd.DataFrame]) -> dict:
             "unknown_flop_ops": {str(k): int(v) for k, v in unknown.items()}}
 
 
+def _run_backend(backend: Any, step: Callable[[int], None], plan: CapturePlan, out_dir: Path,
+                 say: ProgressFn) -> tuple[CaptureResult, Optional[pd.DataFrame], dict[str, str]]:
+    """The backend's capture inside the NVML sampler (CUDA): result, NVML samples, sources off."""
+    off: dict[str, str] = {}
+    if plan.backend == "kineto":
+        cupti_reason = unavailable_reason("cupti")
+        off["cupti"] = (f"not used: {cupti_reason}" if cupti_reason else
+                        "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)")
+    if not plan.flops:
+        off["flops"] = "turned off for this capture"
+    sampler = _nvml(plan, off)
+    with sampler if sampler is not None else contextlib.nullcontext():
+        result = backend.fn(step, plan, out_dir, say)
+    samples = None
+    if sampler is not None:
+        if sampler.unavailable_reason:
+            off["nvml"] = sampler.unavailable_reason
+        else:
+            samples = nvml_counters(sampler.samples(), result.raw_path, result.trace)
+    off.update(result.sources_off)
+    return result, samples, off
+
+
+def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optional[pd.DataFrame],
+              samples: Optional[pd.DataFrame], off: Mapping[str, str]) -> Trace:
+    """The final Trace: costs joined onto the events, NVML counters merged, capture meta added."""
+    events, stats = trace.events, None
+    if costs is not None:
+        from profiler.capture.join import join_costs
+
+        events, stats = join_costs(trace.events, costs)
+    meta = dict(trace.meta)
+    meta["capture"] = {"spec": loaded.spec, "spec_kind": loaded.kind, "model_class": type(loaded.model).__name__,
+                       "plan": dataclasses.asdict(plan), "sources_off": dict(off),
+                       "costs": _cost_summary(costs), "join": stats.as_dict() if stats else None,
+                       "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs, views excluded)"}
+    return Trace(events=events, meta=meta, memory=trace.memory, counters=_merge_counters(trace, samples))
+
+
 def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
             batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
             progress: Optional[ProgressFn] = None,
             wrap_model: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None) -> CaptureResult:
-    """Profile `spec` per `plan`; the raw trace goes to `out_dir`. Raises SpecError / CaptureError."""
+    """Profile `spec` per `plan`; the raw trace goes to `out_dir`. Raises SpecError / CaptureError.
+
+    `wrap_model` (e.g. DistributedDataParallel) wraps the prepared model before the steps run.
+    """
     say = progress or (lambda done, total, msg: None)
     backend = get_backend(plan.backend)
     out_dir = Path(out_dir)
@@ -195,39 +237,11 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
 
         say(0, plan.steps, "counting FLOPs and bytes (untimed pass)")
         costs = record_costs(step, 1, first_step=-2)
-    flops_s = time.perf_counter() - t1
-    off: dict[str, str] = {}
-    if plan.backend == "kineto":
-        cupti_reason = unavailable_reason("cupti")
-        off["cupti"] = (f"not used: {cupti_reason}" if cupti_reason else
-                        "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)")
-    sampler = _nvml(plan, off)
-    with sampler if sampler is not None else contextlib.nullcontext():
-        result = backend.fn(step, plan, out_dir, say)
-    samples = None
-    if sampler is not None:
-        if sampler.unavailable_reason:
-            off["nvml"] = sampler.unavailable_reason
-        else:
-            samples = nvml_counters(sampler.samples(), result.raw_path, result.trace)
-    off.update(result.sources_off)
-    trace = result.trace
-    events, stats = trace.events, None
-    if costs is not None:
-        from profiler.capture.join import join_costs
-
-        say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
-        events, stats = join_costs(trace.events, costs)
-    if not plan.flops:
-        off["flops"] = "turned off for this capture"
-    if costs is not None:
         costs.to_parquet(out_dir / f"op_costs_rank{_rank()}.parquet", index=False)
-    meta = dict(trace.meta)
-    meta["capture"] = {"spec": loaded.spec, "spec_kind": loaded.kind, "model_class": type(loaded.model).__name__,
-                       "plan": dataclasses.asdict(plan), "sources_off": dict(off),
-                       "costs": _cost_summary(costs), "join": stats.as_dict() if stats else None,
-                       "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs, views excluded)"}
-    new = Trace(events=events, meta=meta, memory=trace.memory, counters=_merge_counters(trace, samples))
+    flops_s = time.perf_counter() - t1
+    result, samples, off = _run_backend(backend, step, plan, out_dir, say)
+    say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
+    trace = _assemble(loaded, plan, result.trace, costs, samples, off)
     timings = {"build_s": build_s, "flops_pass_s": flops_s, **result.timings, "total_s": time.perf_counter() - t0}
     say(plan.steps, plan.steps, "done")
-    return CaptureResult(new, result.raw_path, off, timings)
+    return CaptureResult(trace, result.raw_path, off, timings)
