@@ -17,7 +17,8 @@ import torch
 from profiler.capture.spec import SpecError, describe_failure
 
 HF_PRESETS = {"tiny": dict(layers=1, dim=32, heads=2, vocab=128, seq_len=16, batch=2),
-              "small": dict(layers=2, dim=128, heads=4, vocab=2048, seq_len=64, batch=4)}
+              "small": dict(layers=2, dim=128, heads=4, vocab=2048, seq_len=64, batch=4),
+              "medium": dict(layers=4, dim=256, heads=4, vocab=4096, seq_len=128, batch=4)}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="output folder (default .fusionlens/captures/SPEC-TIME)")
     p.add_argument("--nproc", type=int, default=1, help="ranks for a DDP run (gloo on CPU, NCCL on GPU)")
     p.add_argument("--batch", type=int, default=None, help="batch size (zoo, hf, or a build(batch=...) spec)")
-    p.add_argument("--size", default="small", help="zoo/hf preset: tiny or small (default small)")
+    p.add_argument("--size", default="small", help="zoo/hf preset: tiny, small (default) or medium")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="zoo/hf setting, e.g. --set layers=4 --set dim=256 (repeatable)")
     p.add_argument("--backend", default="kineto", help="capture backend: kineto (default) or cupti (GPU)")
