@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels import activations as _activations  # noqa: F401  (registers the specs)
 from kernels.registry import KERNELS
 
 _C = math.sqrt(2.0 / math.pi)

@@ -5,7 +5,7 @@
 // (x + bias, gelu(x), silu(a)), these kernels read the inputs once and write the outputs once.
 // Rows run in parallel (at::parallel_for, OpenMP); inner loops work on fp32 chunks that fit in L1
 // (bf16/fp16 are widened on load and rounded to nearest-even on store) and vectorize through
-// `#pragma omp simd` with glibc's vector math (libmvec) for erf/exp/tanh.
+// `#pragma omp simd` with glibc's vector math (libmvec) for exp/tanh.
 // Outputs are allocated by the caller (Python, `kernels.registry.new_output`) and passed in.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -20,12 +20,11 @@
 #include <vector>
 
 
-// Let GCC call libmvec's vector erf/exp/tanh inside `omp simd` loops. glibc declares these only
+// Let GCC call libmvec's vector exp/tanh inside `omp simd` loops. glibc declares these only
 // under __FAST_MATH__, which -fno-finite-math-only (needed so NaN/Inf keep their meaning) turns off.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
 extern "C" {
 float expf(float) __attribute__((__simd__("notinbranch")));
-float erff(float) __attribute__((__simd__("notinbranch")));
 float tanhf(float) __attribute__((__simd__("notinbranch")));
 }
 #endif
@@ -76,6 +75,36 @@ inline void map_chunks(const std::array<const T*, NI>& in, const std::array<T*, 
   }
 }
 
+// exp for arguments <= 0 (used inside erf and the GELU density): inline, so the simd loops need
+// no library call. Cephes' expf polynomial (about 2 ulp); arguments below -87 (-inf included) give
+// exactly 0, so inf * exp(-inf) stays NaN as in eager.
+inline float exp_nonpos(float x_in) {
+  const float x = x_in < -87.0f ? -87.0f : x_in;
+  const float n = std::rint(x * 1.44269504088896341f);  // x = n ln2 + r, |r| <= ln2 / 2
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x_in < -87.0f ? 0.0f : p * scale;
+}
+
+// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, the formula ATen's vectorized erf uses).
+// erf(+-inf) = +-1; NaN stays NaN (through t).
+inline float erf_as(float x) {
+  const float ax = std::fabs(x);
+  const float t = 1.0f / (1.0f + 0.3275911f * ax);
+  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  return std::copysign(1.0f - poly * exp_nonpos(-ax * ax), x);
+}
+
 // ---- the activations, in fp32 (same algebra as ATen, so NaN/Inf land where eager's do) ------
 enum Kind : int64_t { kSilu = 0, kGeluErf = 1, kGeluTanh = 2 };
 
@@ -84,7 +113,7 @@ inline float act(float x) {
   if constexpr (K == kSilu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (K == kGeluErf) {
-    return 0.5f * x * (1.0f + erff(x * kSqrt1_2));
+    return 0.5f * x * (1.0f + erf_as(x * kSqrt1_2));
   } else {
     float u = kBeta * (x + kKappa * x * x * x);
     return 0.5f * x * (1.0f + tanhf(u));
@@ -99,9 +128,9 @@ inline void act_and_grad(float x, float& y, float& dy) {
     y = x * s;
     dy = s * (1.0f + x * (1.0f - s));
   } else if constexpr (K == kGeluErf) {
-    float cdf = 0.5f * (1.0f + erff(x * kSqrt1_2));
+    float cdf = 0.5f * (1.0f + erf_as(x * kSqrt1_2));
     y = x * cdf;
-    dy = cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+    dy = cdf + x * kInvSqrt2Pi * exp_nonpos(-0.5f * x * x);
   } else {
     float x2 = x * x;
     float t = tanhf(kBeta * (x + kKappa * x2 * x));
