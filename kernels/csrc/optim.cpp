@@ -44,6 +44,20 @@ std::vector<Chunk> make_chunks(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// Runs fn(begin, end) over the chunks: in parallel only when there is enough work to pay for
+// waking the threads (~256K elements); small steps (tests, tiny models) stay on one thread.
+template <typename F>
+void for_chunks(const std::vector<Chunk>& chunks, const F& fn) {
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+  int64_t total = 0;
+  for (const Chunk& c : chunks) total += c.end - c.begin;
+  if (total < (int64_t{1} << 18)) {
+    fn(int64_t{0}, nc);
+  } else {
+    at::parallel_for(0, nc, 1, fn);
+  }
+}
+
 template <typename F>
 void dispatch_param_types(at::ScalarType dt, const char* name, const F& f) {
   switch (dt) {
@@ -128,7 +142,7 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
     const M w1 = static_cast<M>(1.0 - beta1), b2 = static_cast<M>(beta2), w2 = static_cast<M>(1.0 - beta2);
     const M e = static_cast<M>(eps);
     const bool lerp_low = (1.0 - beta1) < 0.5;
-    at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t cb, int64_t ce) {
+    for_chunks(chunks, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
@@ -192,7 +206,7 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
     const M inv_clip = static_cast<M>(1.0 / grad_divisor);
     const M l2 = adam_w_mode ? M(0) : wd, dec = adam_w_mode ? wd : M(0);
     // Stage 1: m, v and the per-chunk squared norms of p and of the update.
-    at::parallel_for(0, nc, 1, [&](int64_t cb, int64_t ce) {
+    for_chunks(chunks, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
@@ -235,7 +249,7 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       step_lr[i] = static_cast<M>(lr * ratio);
     }
     // Stage 2: recompute the update from m, v, p and apply it.
-    at::parallel_for(0, nc, 1, [&](int64_t cb, int64_t ce) {
+    for_chunks(chunks, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
@@ -266,7 +280,7 @@ at::Tensor multi_sumsq(at::TensorList tensors) {
   const std::vector<Chunk> chunks = make_chunks(ts);
   const int64_t nc = static_cast<int64_t>(chunks.size());
   std::vector<double> part(nc);
-  at::parallel_for(0, nc, 1, [&](int64_t cb, int64_t ce) {
+  for_chunks(chunks, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
       const Chunk& ch = chunks[c];
       dispatch_param_types(ts[ch.tensor].scalar_type(), "multi_sumsq", [&](auto tag) {

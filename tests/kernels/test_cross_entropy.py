@@ -1,0 +1,274 @@
+"""Fused cross-entropy and chunked fused linear + cross-entropy vs the float64 truth (judged
+against eager's own error), forward and backward; options, layouts, NaN/Inf, bad input; the
+memory saving of the fused linear + CE (peak RSS, in a subprocess); Triton under the interpreter."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels.cross_entropy import SPEC, CrossEntropyError, CrossEntropyLoss, cross_entropy
+from kernels.linear_cross_entropy import SPEC as FLCE_SPEC
+from kernels.linear_cross_entropy import default_chunk_size, fused_linear_cross_entropy
+from kernels.registry import select_provider
+from tests.kernels.numerics import (DTYPES, REPO_ROOT, check_against_reference, fwd_bwd, make,
+                                    run_in_triton_interpreter)
+
+SHAPES = ((1, 3), (1, 8), (3, 5), (17, 4099), (2, 32000), (4, 1))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_provider() -> None:
+    reason = kernels.available_providers()["cpu"]
+    if reason:
+        pytest.skip(f"cpu provider unavailable: {reason}")
+
+
+def targets(n: int, v: int, seed: int = 0, ignore_rows: tuple[int, ...] = (1,)) -> torch.Tensor:
+    t = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(seed))
+    for r in ignore_rows:
+        if r < n and n > 2:
+            t[r] = -100
+    return t
+
+
+def ce(provider: str):
+    return lambda x, t, **kw: cross_entropy(x, t, provider=provider, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cross_entropy_matches_float64(shape, dtype) -> None:
+    x = make(shape, dtype, seed=1, scale=3.0)
+    check_against_reference(ce("cpu"), SPEC.reference, [x, targets(*shape)], dtype,
+                            names=["loss", "dlogits"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
+def test_cross_entropy_options(reduction, label_smoothing, dtype) -> None:
+    x = make((9, 257), dtype, seed=2, scale=2.0)
+    kw = dict(reduction=reduction, label_smoothing=label_smoothing)
+    check_against_reference(ce("cpu"), SPEC.reference, [x, targets(9, 257, ignore_rows=(1, 4))],
+                            dtype, names=["loss", "dlogits"], **kw)
+    # the eager reference itself agrees with F.cross_entropy's definition (float64)
+    xd, t = x.double(), targets(9, 257, ignore_rows=(1, 4))
+    assert torch.allclose(SPEC.reference(xd, t, **kw), SPEC.providers["aten"](xd, t, **kw))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+def test_cross_entropy_non_contiguous(layout) -> None:
+    x = make((6, 40), torch.float32, seed=3, layout=layout)
+    assert not x.is_contiguous()
+    check_against_reference(ce("cpu"), SPEC.reference, [x, targets(6, 40)], torch.float32)
+
+
+def test_cross_entropy_aten_provider_matches() -> None:
+    x = make((5, 101), torch.float32, seed=4)
+    check_against_reference(ce("aten"), SPEC.reference, [x, targets(5, 101)], torch.float32)
+
+
+def test_cross_entropy_nan_inf_propagate_like_reference() -> None:
+    x = make((5, 11), torch.float32, seed=5)
+    t = torch.tensor([1, 2, 4, 3, 0])
+    x[0, 0] = float("nan")  # a NaN anywhere: NaN loss row
+    x[1, 5] = float("inf")  # +inf off target: NaN row in log_softmax
+    x[2, 3] = float("-inf")  # -inf off target: finite
+    x[3, 3] = float("-inf")  # -inf at the target: +inf loss
+    ours = fwd_bwd(ce("cpu"), [x, t], reduction="none")
+    truth = fwd_bwd(SPEC.reference, [x.double(), t], reduction="none")
+    for o, tr, name in zip(ours, truth, ["loss", "dlogits"]):
+        assert torch.equal(o.isnan(), tr.isnan()), name
+        assert torch.equal(o.isinf(), tr.isinf()), name
+        finite = torch.isfinite(tr)
+        assert torch.allclose(o.double()[finite], tr[finite], atol=1e-5), name
+
+
+def test_cross_entropy_all_rows_ignored_is_nan_with_zero_grad() -> None:
+    x = make((3, 7), torch.float32, seed=6).requires_grad_()
+    t = torch.full((3,), -100)
+    loss = cross_entropy(x, t, provider="cpu")
+    loss.backward()
+    assert loss.isnan() and torch.equal(x.grad, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("logits, target, kw, message", [
+    (torch.empty(0, 5), torch.empty(0, dtype=torch.long), {}, "empty input"),
+    (torch.empty(3, 0), torch.zeros(3, dtype=torch.long), {}, "empty input"),
+    (torch.zeros(2, 5), torch.tensor([0, 5]), {}, "out of range"),
+    (torch.zeros(2, 5), torch.tensor([0, -2]), {}, "out of range"),
+    (torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), {}, "flatten"),
+    (torch.zeros(2, 5), torch.zeros(2), {}, "class indices"),
+    (torch.zeros(2, 5), torch.zeros(2, dtype=torch.long), {"reduction": "avg"}, "reduction"),
+    (torch.zeros(2, 5), torch.zeros(2, dtype=torch.long), {"label_smoothing": 1.5}, "label_smoothing"),
+])
+def test_cross_entropy_bad_input_one_clear_error(logits, target, kw, message) -> None:
+    with pytest.raises(CrossEntropyError, match=message) as info:
+        cross_entropy(logits, target, **kw)
+    assert "\n" not in str(info.value)
+
+
+def test_provider_choice_and_cost() -> None:
+    x, t = torch.zeros(4, 10), torch.zeros(4, dtype=torch.long)
+    assert select_provider(SPEC, (x, t), {})[0] == "cpu"
+    chosen, skipped = select_provider(FLCE_SPEC, (x, torch.zeros(10, 10), t), {})
+    assert chosen == "cpu" and not skipped
+    cost = SPEC.cost(torch.zeros(4096, 32000), torch.zeros(4096, dtype=torch.long))
+    assert cost.bytes_fused == pytest.approx(4096 * 32000 * 4 + 4096 * 16)
+    assert cost.bytes_saved > 2 * 4096 * 32000 * 4 - 1
+
+
+def test_module_form() -> None:
+    x, t = make((4, 9), seed=7), targets(4, 9)
+    out = CrossEntropyLoss(label_smoothing=0.1, provider="cpu")(x, t)
+    assert torch.allclose(out, SPEC.reference(x, t, label_smoothing=0.1), atol=1e-6)
+
+
+# ---- fused linear + cross-entropy ------------------------------------------------------------
+
+def flce(provider: str, chunk_size):
+    return lambda x, w, t, b, **kw: fused_linear_cross_entropy(x, w, t, b, chunk_size=chunk_size,
+                                                              provider=provider, **kw)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, None])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("provider", ["cpu", "aten"])
+def test_fused_linear_cross_entropy_matches_float64(provider, dtype, chunk_size) -> None:
+    x, w, b = make((2, 19, 48), dtype, 1), make((1003, 48), dtype, 2, scale=0.3), make((1003,), dtype, 3)
+    t = targets(38, 1003, ignore_rows=(1, 20)).view(2, 19)
+    check_against_reference(flce(provider, chunk_size), FLCE_SPEC.reference, [x, w, t, b], dtype,
+                            names=["loss", "dx", "dW", "target", "db"])
+
+
+@pytest.mark.parametrize("kw", [{"reduction": "sum"}, {"label_smoothing": 0.2}])
+def test_fused_linear_cross_entropy_options(kw) -> None:
+    x, w = make((13, 32), seed=4), make((301, 32), seed=5, scale=0.3)
+    t = targets(13, 301, ignore_rows=(0, 5))
+    check_against_reference(flce("cpu", 4), FLCE_SPEC.reference, [x, w, t, None], torch.float32, **kw)
+
+
+def test_fused_linear_cross_entropy_partial_grads_and_no_grad() -> None:
+    x, w, t = make((10, 16), seed=6), make((50, 16), seed=7), targets(10, 50)
+    xg = x.clone().requires_grad_()
+    loss = fused_linear_cross_entropy(xg, w, t, chunk_size=3, provider="cpu")  # frozen weight
+    (3.0 * loss).backward()
+    xr = x.double().requires_grad_()
+    (3.0 * FLCE_SPEC.reference(xr, w.double(), t)).backward()
+    assert torch.allclose(xg.grad.double(), xr.grad, atol=1e-6)
+    with torch.no_grad():
+        plain = fused_linear_cross_entropy(x, w, t, chunk_size=4, provider="cpu")
+    assert torch.allclose(plain.double(), FLCE_SPEC.reference(x.double(), w.double(), t), atol=1e-5)
+
+
+@pytest.mark.parametrize("args, kw, message", [
+    (((4, 8), (10, 8), (4,)), {"reduction": "none"}, "reduction"),
+    (((4, 8), (10, 9), (4,)), {}, "weight"),
+    (((4, 8), (10, 8), (5,)), {}, "target"),
+    (((0, 8), (10, 8), (0,)), {}, "empty"),
+    (((4, 8), (10, 8), (4,)), {"chunk_size": 0}, "chunk_size"),
+])
+def test_fused_linear_cross_entropy_bad_input(args, kw, message) -> None:
+    xs, ws, ts = args
+    with pytest.raises(CrossEntropyError, match=message):
+        fused_linear_cross_entropy(torch.zeros(xs), torch.zeros(ws), torch.zeros(ts, dtype=torch.long), **kw)
+
+
+def test_default_chunk_size_keeps_chunk_logits_near_x() -> None:
+    c = default_chunk_size(4096, 768, 32000)
+    assert c == 128 and c * 32000 <= 2 * 4096 * 768 * 2
+    assert default_chunk_size(1, 768, 32000) == 1
+
+
+_MEMORY_SCRIPT = """
+import json, sys, torch, torch.nn.functional as F
+from benchmarks.kernels.memory_probe import peak_rss_delta_bytes
+from kernels.linear_cross_entropy import fused_linear_cross_entropy
+variant = sys.argv[1]
+fns = {"fused": lambda x, w, t: fused_linear_cross_entropy(x, w, t, provider="cpu"),
+       "unfused": lambda x, w, t: F.cross_entropy(x @ w.T, t)}
+def run(n, h, v):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, h, generator=g).requires_grad_()
+    w = (0.05 * torch.randn(v, h, generator=g)).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g)
+    return x, w, t
+def step(x, w, t):
+    loss = fns[variant](x, w, t)
+    loss.backward()
+    return float(loss.detach())
+step(*run(8, 16, 64))  # load the C++ ops and start the threads, outside the measurement
+x, w, t = run(1024, 256, 32000)
+loss, peak = peak_rss_delta_bytes(lambda: step(x, w, t))
+print(json.dumps(dict(peak=peak, loss=loss, dx_sum=float(x.grad.double().abs().sum()))))
+"""
+
+
+def _peak(variant: str) -> dict:
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, variant], cwd=REPO_ROOT,
+                          text=True, capture_output=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fused_linear_cross_entropy_peak_memory_is_much_smaller() -> None:
+    """Each variant in a fresh process: peak RSS above the post-setup baseline, fwd + bwd."""
+    from benchmarks.kernels.memory_probe import available
+
+    reason = available()
+    if reason:
+        pytest.skip(reason)
+    fused, unfused = _peak("fused"), _peak("unfused")
+    logits_bytes = 1024 * 32000 * 4  # 131 MB
+    grads_bytes = (1024 + 32000) * 256 * 4  # dx + dW: 34 MB, needed by both
+    # unfused holds the logits, the log-probs and their gradients: several logits tensors
+    assert unfused["peak"] > 2 * logits_bytes, (fused, unfused)
+    # fused: dW + dx + one [128, 32000] chunk (+ allocator slack): under one logits tensor
+    assert fused["peak"] < grads_bytes + 0.5 * logits_bytes, (fused, unfused)
+    assert fused["peak"] * 3 < unfused["peak"], (fused, unfused)
+    assert fused["loss"] == pytest.approx(unfused["loss"], rel=1e-5)
+    assert fused["dx_sum"] == pytest.approx(unfused["dx_sum"], rel=1e-4)
+
+
+# ---- Triton, interpreted ---------------------------------------------------------------------
+
+_TRITON_SCRIPT = """
+import torch
+from kernels.cross_entropy import SPEC, cross_entropy, fused_linear_cross_entropy
+from kernels.linear_cross_entropy import SPEC as FLCE
+from tests.kernels.numerics import check_against_reference, make
+from tests.kernels.test_cross_entropy import targets
+n = 0
+for shape in [(1, 3), (3, 5), (4, 130)]:
+    for dtype in [torch.float32, torch.bfloat16, torch.float16]:
+        for kw in [{}, {"label_smoothing": 0.1, "reduction": "sum"}]:
+            check_against_reference(lambda x, t, **k: cross_entropy(x, t, provider="triton", **k),
+                                    SPEC.reference, [make(shape, dtype, 1, scale=3.0), targets(*shape)],
+                                    dtype, **kw)
+            n += 1
+x = make((6, 40), torch.float32, 2, layout="strided")
+check_against_reference(lambda x, t: cross_entropy(x, t, provider="triton"), SPEC.reference,
+                        [x, targets(6, 40)], torch.float32)
+n += 1
+for dtype in [torch.float32, torch.bfloat16]:
+    args = [make((7, 16), dtype, 3), make((70, 16), dtype, 4, scale=0.3), targets(7, 70), make((70,), dtype, 5)]
+    check_against_reference(lambda x, w, t, b: fused_linear_cross_entropy(x, w, t, b, chunk_size=3, provider="triton"),
+                            FLCE.reference, args, dtype)
+    n += 1
+print(n)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_cross_entropy_interpreted() -> None:
+    assert int(run_in_triton_interpreter(_TRITON_SCRIPT).strip().splitlines()[-1]) == 21
+

@@ -1,0 +1,265 @@
+"""Multi-tensor AdamW vs torch.optim.AdamW and LAMB vs a plain float64 LAMB written here, over
+100 steps on awkward shapes (scalar, 1-element, odd, non-contiguous grads, a non-dense param),
+with and without weight decay; per-group lr; state_dict round trips; refusals; Triton
+interpreted."""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import kernels
+from kernels.optim import LAMB, AdamW, OptimizerError
+from tests.kernels.numerics import assert_matches, run_in_triton_interpreter
+
+SHAPES = ((), (1,), (7, 3), (1001,), (64, 65), (3, 1, 5))
+STEPS = 100
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_provider() -> None:
+    reason = kernels.available_providers()["cpu"]
+    if reason:
+        pytest.skip(f"cpu provider unavailable: {reason}")
+
+
+def initial(shapes=SHAPES, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+
+
+def grad_sequence(shapes=SHAPES, steps: int = STEPS, seed: int = 1, scale: float = 1.0):
+    """Per step, float64 grads; the (64, 65) one is produced transposed (non-contiguous)."""
+    g = torch.Generator().manual_seed(seed)
+    seq = []
+    for _ in range(steps):
+        grads = []
+        for s in shapes:
+            if s == (64, 65):
+                grads.append(scale * torch.randn((65, 64), generator=g, dtype=torch.float64).t())
+            else:
+                grads.append(scale * torch.randn(s, generator=g, dtype=torch.float64))
+        seq.append(grads)
+    return seq
+
+
+def run(make_opt, params0, seq, dtype, param_layout=None) -> list[torch.Tensor]:
+    """Params (as dtype) after stepping `make_opt(params)` through the grad sequence."""
+    params = [nn.Parameter(p.to(dtype)) for p in params0]
+    if param_layout is not None:
+        params = [param_layout(p) for p in params]
+    opt = make_opt(params)
+    for grads in seq:
+        for p, g in zip(params, grads):
+            p.grad = g.to(dtype)  # keeps the transposed grad's strides
+        opt.step()
+    return [p.detach() for p in params]
+
+
+# ---- AdamW -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("dtype, provider", [(torch.float32, "cpu"), (torch.float64, "cpu"),
+                                             (torch.bfloat16, "cpu"), (torch.float32, "aten")], ids=str)
+def test_adamw_matches_torch_over_100_steps(dtype, provider, weight_decay, amsgrad) -> None:
+    hp = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=weight_decay, amsgrad=amsgrad)
+    p0, seq = initial(), grad_sequence()
+    ours = run(lambda ps: AdamW(ps, provider=provider, **hp), p0, seq, dtype)
+    eager = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, dtype)
+    truth = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, torch.float64)
+    assert_matches(ours, eager, truth, dtype, names=[str(s) for s in SHAPES])
+    if dtype != torch.bfloat16:  # same dtype as torch: equal up to a few ulps of its values
+        for o, e in zip(ours, eager):
+            assert torch.allclose(o, e, rtol=0, atol=64 * torch.finfo(dtype).eps * max(1.0, float(e.abs().max())))
+
+
+def test_adamw_per_group_lr_maximize_and_mixed_dtypes() -> None:
+    p0, seq = initial(), grad_sequence(steps=30)
+
+    def groups(ps):
+        return [{"params": ps[:3], "lr": 3e-2, "weight_decay": 0.0},
+                {"params": ps[3:], "lr": 1e-3, "weight_decay": 0.2}]
+
+    ours = run(lambda ps: AdamW(groups(ps), maximize=True), p0, seq, torch.float32)
+    eager = run(lambda ps: torch.optim.AdamW(groups(ps), maximize=True, foreach=False), p0, seq,
+                torch.float32)
+    for o, e in zip(ours, eager):
+        assert torch.allclose(o, e, rtol=0, atol=1e-5)
+    # a group holding fp32 and fp64 params: two buckets, each matches torch
+    ps = [nn.Parameter(torch.ones(5)), nn.Parameter(torch.ones(4, dtype=torch.float64))]
+    qs = [nn.Parameter(p.detach().clone()) for p in ps]
+    a, b = AdamW(ps, lr=0.1), torch.optim.AdamW(qs, lr=0.1, foreach=False)
+    for _ in range(3):
+        for p, q in zip(ps, qs):
+            p.grad = torch.full_like(p, 0.5)
+            q.grad = torch.full_like(q, 0.5)
+        a.step()
+        b.step()
+    assert all(torch.allclose(p, q) for p, q in zip(ps, qs))
+    assert set(a.providers_used().values()) == {"cpu"}
+
+
+def test_adamw_non_dense_param_uses_reference_and_matches() -> None:
+    base = torch.randn(6, 10, dtype=torch.float64)
+    p0, seq = [base], [[torch.randn(6, 5, dtype=torch.float64)] for _ in range(20)]
+
+    def holes(p):  # a parameter viewing every other column of a buffer
+        return nn.Parameter(torch.empty(6, 10).copy_(p.detach())[:, ::2])
+
+    ours = run(lambda ps: AdamW(ps, lr=1e-2), p0, seq, torch.float32, holes)
+    eager = run(lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False), p0, seq, torch.float32, holes)
+    assert torch.allclose(ours[0], eager[0], atol=1e-6)
+
+
+def _round_trip(make_opt, make_other=None):
+    """Params after 10 uninterrupted steps vs 5 steps, state_dict -> fresh optimizer, 5 more."""
+    p0, seq = initial(), grad_sequence(steps=10)
+    straight = run(make_opt, p0, seq, torch.float32)
+    params = [nn.Parameter(p.float()) for p in p0]
+    opt = make_opt(params)
+    for grads in seq[:5]:
+        for p, g in zip(params, grads):
+            p.grad = g.float()
+        opt.step()
+    saved = opt.state_dict()
+    opt2 = (make_other or make_opt)(params)
+    opt2.load_state_dict(saved)
+    for grads in seq[5:]:
+        for p, g in zip(params, grads):
+            p.grad = g.float()
+        opt2.step()
+    return straight, [p.detach() for p in params]
+
+
+def test_adamw_state_dict_round_trip_and_torch_interop() -> None:
+    straight, resumed = _round_trip(lambda ps: AdamW(ps, lr=1e-2, weight_decay=0.05))
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
+    # our state dict continues in torch.optim.AdamW (same state keys)
+    _, in_torch = _round_trip(lambda ps: AdamW(ps, lr=1e-2, weight_decay=0.05),
+                              lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.05, foreach=False))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(straight, in_torch))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"capturable": True}, "capturable"), ({"lr": -1.0}, "learning rate"),
+    ({"betas": (0.9, 1.0)}, "betas"), ({"weight_decay": -0.1}, "weight_decay"),
+])
+def test_adamw_refuses_clearly(kwargs, message) -> None:
+    with pytest.raises(OptimizerError, match=message):
+        AdamW([nn.Parameter(torch.ones(2))], **kwargs)
+
+
+def test_optimizers_refuse_sparse_and_complex() -> None:
+    p = nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3).to_sparse()
+    with pytest.raises(OptimizerError, match="sparse"):
+        AdamW([p]).step()
+    c = nn.Parameter(torch.ones(3, dtype=torch.complex64))
+    c.grad = torch.ones_like(c)
+    with pytest.raises(OptimizerError, match="complex"):
+        LAMB([c]).step()
+    with pytest.raises(OptimizerError, match="amsgrad"):
+        LAMB([nn.Parameter(torch.ones(2))], amsgrad=True)
+
+
+# ---- LAMB ------------------------------------------------------------------------------------
+
+def lamb_float64(params0, seq, lr, betas, eps, weight_decay, max_grad_norm, use_nvlamb):
+    """Plain LAMB (apex FusedLAMB, adam_w_mode, grad averaging, bias correction) in float64."""
+    b1, b2 = betas
+    ps = [p.clone() for p in params0]
+    ms = [torch.zeros_like(p) for p in ps]
+    vs = [torch.zeros_like(p) for p in ps]
+    for step, grads in enumerate(seq, start=1):
+        gnorm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+        div = gnorm / max_grad_norm if max_grad_norm and gnorm > max_grad_norm else 1.0
+        for i, p in enumerate(ps):
+            g = grads[i].double() / div
+            ms[i] = b1 * ms[i] + (1 - b1) * g
+            vs[i] = b2 * vs[i] + (1 - b2) * g * g
+            u = (ms[i] / (1 - b1 ** step)) / ((vs[i] / (1 - b2 ** step)).sqrt() + eps) + weight_decay * p
+            pn, un = float(p.norm()), float(u.norm())
+            ratio = pn / un if (use_nvlamb or weight_decay != 0) and pn > 0 and un > 0 else 1.0
+            ps[i] = p - lr * ratio * u
+    return ps
+
+
+@pytest.mark.parametrize("provider", ["cpu", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("weight_decay, max_grad_norm, use_nvlamb",
+                         [(0.01, 1.0, False), (0.0, 1.0, False), (0.0, None, True), (0.1, 50.0, True)])
+def test_lamb_matches_float64_over_100_steps(weight_decay, max_grad_norm, use_nvlamb, dtype, provider) -> None:
+    hp = dict(lr=2e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=weight_decay,
+              max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb)
+    p0, seq = initial(), grad_sequence(scale=3.0)
+    truth = lamb_float64([p.clone() for p in p0], seq, **hp)
+    ours = run(lambda ps: LAMB(ps, provider=provider, **hp), p0, seq, dtype)
+    # "eager": the same float64 algorithm's inputs rounded to dtype, stepped by plain torch ops in fp32
+    eager = run(lambda ps: LAMB(ps, provider="reference", **hp), p0, seq, dtype)
+    assert_matches(ours, eager, truth, dtype, factor=2.0, names=[str(s) for s in SHAPES])
+    if dtype == torch.float32:  # and close in absolute terms
+        for o, t in zip(ours, truth):
+            assert torch.allclose(o.double(), t, rtol=1e-4, atol=1e-5)
+
+
+def test_lamb_clipping_is_global_and_active() -> None:
+    p0, seq = initial(), grad_sequence(steps=3, scale=10.0)
+    hp = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, use_nvlamb=False)
+    clipped = run(lambda ps: LAMB(ps, max_grad_norm=1.0, **hp), p0, seq, torch.float32)
+    unclipped = run(lambda ps: LAMB(ps, max_grad_norm=None, **hp), p0, seq, torch.float32)
+    assert any(not torch.allclose(a, b) for a, b in zip(clipped, unclipped))
+    truth = lamb_float64([p.clone() for p in p0], seq, max_grad_norm=1.0, **hp)
+    assert all(torch.allclose(a.double(), t, atol=1e-5) for a, t in zip(clipped, truth))
+
+
+def test_lamb_zero_norm_cases_have_ratio_one_and_no_nan() -> None:
+    zero_p = nn.Parameter(torch.zeros(4))  # ||p|| = 0
+    still = nn.Parameter(torch.ones(3))  # zero grad and zero state: ||update|| = wd * ||p|| > 0
+    frozen = nn.Parameter(torch.ones(2))
+    opt = LAMB([{"params": [zero_p, still]}, {"params": [frozen], "weight_decay": 0.0}], lr=0.1,
+               max_grad_norm=None)
+    zero_p.grad, still.grad, frozen.grad = torch.ones(4), torch.zeros(3), torch.zeros(2)
+    opt.step()
+    # zero param: ratio 1, update = 1 / (1 + eps): p = -0.1 / (1 + 1e-6)
+    assert torch.allclose(zero_p, torch.full((4,), -0.1 / (1 + 1e-6)))
+    # ||p|| = ||wd * p|| / wd: ratio = 1 / wd, step = lr * (1 / wd) * wd * p = lr * p
+    assert torch.allclose(still, torch.full((3,), 0.9))
+    # no decay, zero grad: update 0, ratio 1, param unchanged, nothing NaN
+    assert torch.equal(frozen.detach(), torch.ones(2))
+
+
+def test_lamb_state_dict_round_trip() -> None:
+    straight, resumed = _round_trip(lambda ps: LAMB(ps, lr=1e-2))
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
+
+
+# ---- Triton, interpreted ---------------------------------------------------------------------
+
+_TRITON_SCRIPT = """
+import torch
+from torch import nn
+from kernels.optim import AdamW, LAMB
+from tests.kernels.test_optim import initial, grad_sequence, run
+shapes = ((), (1,), (7, 3), (1500,), (64, 65))
+p0, seq = initial(shapes), grad_sequence(shapes, steps=4)
+n = 0
+for dtype in (torch.float32, torch.bfloat16):
+    for Opt, hp in ((AdamW, dict(lr=1e-2, weight_decay=0.1)), (AdamW, dict(lr=1e-2, amsgrad=True)),
+                    (LAMB, dict(lr=1e-2)), (LAMB, dict(lr=1e-2, weight_decay=0.0, use_nvlamb=True))):
+        a = run(lambda ps: Opt(ps, provider="triton", **hp), p0, seq, dtype)
+        b = run(lambda ps: Opt(ps, provider="cpu", **hp), p0, seq, dtype)  # fp32 math, like triton
+        err = max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
+        tol = 4 * torch.finfo(dtype).eps * max(1.0, max(float(y.abs().max()) for y in b))  # 4 ulps
+        assert err <= tol, (Opt.__name__, hp, dtype, err)
+        n += 1
+print(n)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_optimizers_interpreted() -> None:
+    assert int(run_in_triton_interpreter(_TRITON_SCRIPT).strip().splitlines()[-1]) == 8
