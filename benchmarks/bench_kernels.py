@@ -44,7 +44,7 @@ def copy_bandwidth_gb_per_s(threads: int, rounds: int = 7) -> float:
     return 2 * x.numel() * 4 / percentiles(t.wall_s["copy"])[1] / 1e9
 
 
-def _auto_inner(fn, target_s: float = 0.005) -> int:
+def _auto_inner(fn, target_s: float = 0.02) -> int:
     t0 = time.perf_counter()
     fn()
     dt = time.perf_counter() - t0

@@ -25,7 +25,7 @@ its inputs (keep them under ~1 GB in all) and returns one dict per (kernel, pass
       "bytes":    float,               # optional: algorithmic bytes one step moves in the fused
                                        # kernel (Cost.bytes_fused, x3 for fwd+bwd as applicable);
                                        # the driver prints GB/s and % of measured copy bandwidth
-      "inner":    int,                 # optional: calls per timed sample (default: auto, >= 5 ms)
+      "inner":    int,                 # optional: calls per timed sample (default: auto, >= 20 ms)
       "notes":    str,                 # optional: goes into the CSV notes column
     }
 
