@@ -32,28 +32,44 @@ def _naive_gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))  # BERT's gelu
 
 
-def _fns(kernel: str, approximate: str):
+def _fns(kernel: str, approximate: str, provider: str = "cpu"):
     """(naive, aten, ours) taking the kernel's tensor arguments."""
     if kernel == "gelu":
         return (lambda x: _naive_gelu(x, approximate), lambda x: F.gelu(x, approximate=approximate),
-                lambda x: kernels.gelu(x, approximate, provider="cpu"))
+                lambda x: kernels.gelu(x, approximate, provider=provider))
     if kernel == "bias_gelu":
         return (lambda x, b: _naive_gelu(x + b, approximate), lambda x, b: F.gelu(x + b, approximate=approximate),
-                lambda x, b: kernels.bias_gelu(x, b, approximate, provider="cpu"))
+                lambda x, b: kernels.bias_gelu(x, b, approximate, provider=provider))
     if kernel == "swiglu":
         return (lambda a, b: a * torch.sigmoid(a) * b, lambda a, b: F.silu(a) * b,
-                lambda a, b: kernels.swiglu(a, b, provider="cpu"))
+                lambda a, b: kernels.swiglu(a, b, provider=provider))
     if kernel == "geglu":
         return (lambda a, b: _naive_gelu(a, approximate) * b, lambda a, b: F.gelu(a, approximate=approximate) * b,
-                lambda a, b: kernels.geglu(a, b, approximate, provider="cpu"))
+                lambda a, b: kernels.geglu(a, b, approximate, provider=provider))
     raise ValueError(f"no benchmark for {kernel}")
 
 
+def _liger(kernel: str, approximate: str) -> dict:
+    """Liger-Kernel's equivalent, when installed (GPU runs only): its SwiGLU, and GeGLU (tanh)."""
+    try:
+        if kernel == "swiglu":
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+            return {"liger": LigerSiLUMulFunction.apply}
+        if kernel == "geglu" and approximate == "tanh":
+            from liger_kernel.ops.geglu import LigerGELUMulFunction
+
+            return {"liger": LigerGELUMulFunction.apply}
+    except ImportError:
+        pass
+    return {}
+
+
 @lru_cache(maxsize=None)
-def _tensors(m: int, n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _tensors(m: int, n: int, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    t = {k: torch.randn(m, n, generator=g).to(dtype) for k in ("x", "b2", "dy")}
-    t["bias"] = (0.1 * torch.randn(n, generator=g)).to(dtype)
+    t = {k: torch.randn(m, n, generator=g).to(device=device, dtype=dtype) for k in ("x", "b2", "dy")}
+    t["bias"] = (0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
     return t
 
 
@@ -69,9 +85,10 @@ def _step(fn, args: list, backward: bool, dy: torch.Tensor):
     return fwd_bwd
 
 
-def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, backward: bool) -> dict:
-    naive, aten, ours = _fns(kernel, approximate)
-    t = _tensors(m, n, dtype)
+def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, backward: bool,
+          device: str = "cpu", provider: str = "cpu") -> dict:
+    naive, aten, ours = _fns(kernel, approximate, provider)
+    t = _tensors(m, n, dtype, device)
     names = {"gelu": ("x",), "bias_gelu": ("x", "bias"), "swiglu": ("x", "b2"), "geglu": ("x", "b2")}[kernel]
     args = [t[k].detach().clone().requires_grad_(backward) for k in names]
     extra = () if kernel == "swiglu" else (approximate,)
@@ -79,8 +96,8 @@ def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, bac
     e = m * n * t["x"].element_size()
     # backward reads dy and the inputs, writes their grads: act 3 tensors, gated 5
     bwd_bytes = (5 if kernel in ("swiglu", "geglu") else 3) * e
-    variants = {name: _step(fn, args, backward, t["dy"]) for name, fn in
-                (("naive", naive), ("aten", aten), ("ours", ours))}
+    fns = {"naive": naive, "aten": aten, **(_liger(kernel, approximate) if device == "cuda" else {}), "ours": ours}
+    variants = {name: _step(fn, args, backward, t["dy"]) for name, fn in fns.items()}
     label = kernel + ("_tanh" if approximate == "tanh" and kernel != "swiglu" else "")
     return {
         "kernel": label, "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
@@ -104,3 +121,19 @@ def cases(threads: int) -> list[dict]:
     if wanted:
         plan = [p for p in plan if p[0] in wanted.split(",")]
     return [_case(k, a, m, n, dt, bwd) for (k, a, m, n) in plan for dt in dtypes for bwd in (False, True)]
+
+
+def gpu_cases(device: str = "cuda") -> list[dict]:
+    """Large CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider; Liger if present)."""
+    plan = [("bias_gelu", "none"), ("swiglu", "none"), ("geglu", "tanh")]
+    return [_case(k, a, 16384, 4096, torch.bfloat16, bwd, device, "triton") for (k, a) in plan for bwd in (False, True)]
+
+
+def gpu_checks(device: str = "cuda", m: int = 8192, n: int = 4096) -> list[tuple[str, object]]:
+    """Correctness at real sizes on the GPU: (name, zero-arg check that raises on a mismatch)."""
+    from tests.kernels.test_activations import CASES, check, inputs
+
+    def one(case: str, dtype: torch.dtype):
+        return lambda: check(case, "triton", [a.to(device) for a in inputs(case, (m, n), dtype)], dtype)
+    return [(f"{case} {m}x{n} {dt}", one(case, dt)) for case in sorted(CASES)
+            for dt in (torch.float32, torch.bfloat16)]

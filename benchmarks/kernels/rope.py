@@ -19,13 +19,14 @@ from kernels.registry import KERNELS
 
 
 @lru_cache(maxsize=None)
-def _tensors(b: int, h: int, s: int, d: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _tensors(b: int, h: int, s: int, d: int, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    t = {k: torch.randn(b, s, h, d, generator=g).to(dtype) for k in ("q", "k", "dq", "dk")}
+    t = {k: torch.randn(b, s, h, d, generator=g).to(device=device, dtype=dtype) for k in ("q", "k", "dq", "dk")}
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     freqs = torch.arange(s, dtype=torch.float32)[:, None] * inv  # [S, D/2]
     emb = torch.cat((freqs, freqs), -1).expand(b, s, d)  # [B, S, D]
-    t["cos"], t["sin"] = emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()
+    t["cos"] = emb.cos().to(device=device, dtype=dtype).contiguous()
+    t["sin"] = emb.sin().to(device=device, dtype=dtype).contiguous()
     return t
 
 
@@ -41,13 +42,24 @@ def _step(fn, q, k, cos, sin, backward: bool, dq, dk):
     return fwd_bwd
 
 
-def _case(b: int, h: int, s: int, d: int, dtype: torch.dtype, backward: bool) -> dict:
-    t = _tensors(b, h, s, d, dtype)
+def _liger() -> dict:
+    """Liger-Kernel's RoPE, when installed (GPU runs)."""
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+    except ImportError:
+        return {}
+    return {"liger": lambda q, k, c, s_: LigerRopeFunction.apply(q, k, c, s_)}
+
+
+def _case(b: int, h: int, s: int, d: int, dtype: torch.dtype, backward: bool, device: str = "cpu",
+          provider: str = "cpu") -> dict:
+    t = _tensors(b, h, s, d, dtype, device)
     # HF layout: [B, S, H, D] -> [B, H, S, D] views
     q = t["q"].detach().clone().requires_grad_(backward).transpose(1, 2)
     k = t["k"].detach().clone().requires_grad_(backward).transpose(1, 2)
     dq, dk = t["dq"].transpose(1, 2).contiguous(), t["dk"].transpose(1, 2).contiguous()
-    fns = {"naive": rp.rope_reference, "ours": lambda q, k, c, s_: kernels.rope(q, k, c, s_, provider="cpu")}
+    fns = {"naive": rp.rope_reference, **(_liger() if device == "cuda" else {}),
+           "ours": lambda q, k, c, s_: kernels.rope(q, k, c, s_, provider=provider)}
     cost = KERNELS["rope"].cost(q, k, t["cos"], t["sin"])
     e = 2 * q.numel() * q.element_size()
     variants = {name: _step(fn, q, k, t["cos"], t["sin"], backward, dq, dk) for name, fn in fns.items()}
@@ -65,3 +77,21 @@ def cases(threads: int) -> list[dict]:
     shape = (2, 12, 128, 64) if quick else (4, 12, 512, 64)
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
     return [_case(*shape, dt, bwd) for dt in dtypes for bwd in (False, True)]
+
+
+def gpu_cases(device: str = "cuda") -> list[dict]:
+    """Large CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider; Liger if present)."""
+    return [_case(8, 32, 2048, 128, torch.bfloat16, bwd, device, "triton") for bwd in (False, True)]
+
+
+def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
+    """Correctness at real sizes on the GPU, q/k as HF's transposed views, GQA heads."""
+    from tests.kernels.test_rope import check, qk, tables
+
+    def one(dtype):
+        def run():
+            q, k = (t.to(device) for t in qk(4, 32, 8, 1024, 128, dtype, transposed=True))
+            cos, sin = (t.to(device) for t in tables(1024, 128, dtype, batch=4))
+            check("triton", q, k, cos, sin, dtype)
+        return run
+    return [(f"rope 4x32(8)x1024x128 {dt}", one(dt)) for dt in (torch.float32, torch.bfloat16)]

@@ -28,13 +28,13 @@ def _naive_plain(x: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=None)
-def _tensors(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _tensors(shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    t = {k: torch.randn(shape, generator=g).to(dtype) for k in ("x", "dy")}
+    t = {k: torch.randn(shape, generator=g).to(device=device, dtype=dtype) for k in ("x", "dy")}
     mask = torch.zeros(shape[0], 1, 1, shape[-1])
     for b in range(shape[0]):
         mask[b, ..., shape[-1] - 17 * b:] = float("-inf")  # padded tails of different lengths
-    t["mask"] = mask.to(dtype)
+    t["mask"] = mask.to(device=device, dtype=dtype)
     return t
 
 
@@ -50,16 +50,27 @@ def _step(fn, x: torch.Tensor, backward: bool, dy: torch.Tensor):
     return fwd_bwd
 
 
-def _case(flavour: str, shape: tuple[int, ...], dtype: torch.dtype, backward: bool) -> dict:
-    t = _tensors(shape, dtype)
+def _liger() -> dict:
+    """Liger-Kernel's softmax (plain only), when installed (GPU runs)."""
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+    except ImportError:
+        return {}
+    return {"liger": LigerSoftmaxFunction.apply}
+
+
+def _case(flavour: str, shape: tuple[int, ...], dtype: torch.dtype, backward: bool,
+          device: str = "cpu", provider: str = "cpu") -> dict:
+    t = _tensors(shape, dtype, device)
     x = t["x"].detach().clone().requires_grad_(backward)
     if flavour == "plain":
         kw: dict = {}
-        fns = {"naive": _naive_plain, "aten": lambda x: torch.softmax(x, -1)}
+        fns = {"naive": _naive_plain, "aten": lambda x: torch.softmax(x, -1),
+               **(_liger() if device == "cuda" else {})}
     else:
         kw = dict(scale=SCALE, causal=flavour == "causal", mask=t["mask"] if flavour == "padding" else None)
         fns = {"naive": lambda x: sm.softmax_reference(x, **kw)}
-    fns["ours"] = lambda x: kernels.softmax(x, provider="cpu", **kw)
+    fns["ours"] = lambda x: kernels.softmax(x, provider=provider, **kw)
     cost = KERNELS["softmax"].cost(x, -1, kw.get("scale", 1.0), kw.get("mask"), kw.get("causal", False))
     e = x.numel() * x.element_size()
     variants = {name: _step(fn, x, backward, t["dy"]) for name, fn in fns.items()}
@@ -81,3 +92,28 @@ def cases(threads: int) -> list[dict]:
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
     flavours = os.environ.get("FL_BENCH_SOFTMAX", "plain,causal,padding").split(",")
     return [_case(f, shape, dt, bwd) for f in flavours for dt in dtypes for bwd in (False, True)]
+
+
+def gpu_cases(device: str = "cuda") -> list[dict]:
+    """Large CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider; Liger if present)."""
+    return [_case(f, (8, 16, 1024, 1024), torch.bfloat16, bwd, device, "triton")
+            for f in ("plain", "causal", "padding") for bwd in (False, True)]
+
+
+def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
+    """Correctness at real sizes on the GPU (both the one-tile and the long-row online paths)."""
+    from tests.kernels.numerics import make
+    from tests.kernels.test_softmax import check, padding_mask
+
+    def one(shape, dtype, **kw):
+        def run():
+            x = make(shape, dtype, seed=1, scale=3.0).to(device)
+            args = [x, padding_mask(shape[0], shape[-1], dtype).to(device)] if kw.pop("pad", False) else [x]
+            check("triton", args, dtype, **kw)
+        return run
+    out = []
+    for dt in (torch.float32, torch.bfloat16):
+        out += [(f"softmax causal 4x12x1024x1024 {dt}", one((4, 12, 1024, 1024), dt, causal=True, scale=0.125)),
+                (f"softmax padding 4x12x512x512 {dt}", one((4, 12, 512, 512), dt, pad=True, scale=0.125)),
+                (f"softmax long rows 2x4x8x70000 {dt}", one((2, 4, 8, 70000), dt, pad=True, causal=True))]
+    return out
