@@ -174,12 +174,14 @@ def decode_payload(payload: Payload) -> FileData:
     skipped: Counter = Counter()
     acc = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250))  # ~250 B of JSON per kept row
     release = None
-    buf = payload.buf
-    if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-        # The validation pass touched every page of the mapped file: drop them, and drop each
-        # chunk's pages once decoded, so the file never sits in RSS next to the columns.
+    buf = payload.mm
+    if buf is not None and hasattr(mmap, "MADV_DONTNEED"):
+        # Hand back each chunk's pages once decoded, so the JSON never sits in RSS next to the
+        # columns. A mapped file's pages (all touched by the validation pass) can all go now:
+        # they are re-read from the page cache; decompressed data only once consumed.
         base = _offset_in(view, buf)
-        buf.madvise(mmap.MADV_DONTNEED)
+        if payload.file_backed:
+            buf.madvise(mmap.MADV_DONTNEED)
 
         def release(start: int, stop: int) -> None:
             lo = ((base + start) // mmap.PAGESIZE) * mmap.PAGESIZE

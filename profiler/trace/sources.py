@@ -13,9 +13,9 @@ import mmap
 import os
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from profiler.trace.model import TraceError
 
@@ -45,26 +45,72 @@ class Budget:
 
 @dataclass
 class Payload:
-    """One trace file's JSON bytes (bytes, bytearray or a read-only mmap) and its label."""
+    """One trace file's JSON bytes and its label.
+
+    `buf` is bytes, a bytearray or a view of `mm`, an mmap that the decoder may release page by
+    page as it goes: a read-only map of the file itself (`file_backed`: pages can be dropped and
+    re-read) or an anonymous map holding decompressed data (pages can be dropped once consumed).
+    """
 
     label: str
     buf: Any
-    _closer: Callable[[], None] | None = field(default=None, repr=False)
+    mm: mmap.mmap | None = None
+    file_backed: bool = False
 
     def release(self) -> None:
-        """Drop the bytes (and unmap a mapped file) once decoded."""
-        self.buf = None
-        if self._closer is not None:
-            try:
-                self._closer()
-            except BufferError:  # a view is still alive somewhere; the GC unmaps it later
-                pass
-            self._closer = None
+        """Drop the bytes (and unmap) once decoded."""
+        try:
+            if isinstance(self.buf, memoryview):
+                self.buf.release()
+            if self.mm is not None:
+                self.mm.close()
+        except BufferError:  # a view is still alive somewhere; the GC unmaps it later
+            pass
+        self.buf = self.mm = None
 
 
-def gunzip(chunks: Iterator[bytes], label: str, budget: Budget) -> bytearray:
+class _Sink:
+    """Decompressed output: into an anonymous mmap of the expected size when known (its pages can
+    be handed back while decoding), else into a growing bytearray."""
+
+    def __init__(self, size_hint: int | None) -> None:
+        # private, so pages handed back with MADV_DONTNEED are really freed (not kept as shmem)
+        self.mm = mmap.mmap(-1, size_hint, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if size_hint else None
+        self.data = bytearray()
+        self.n = 0
+
+    def write(self, piece: bytes) -> None:
+        end = self.n + len(piece)
+        if self.mm is not None and end > len(self.mm):  # the hint was wrong: spill to a bytearray
+            self.data = bytearray(self.mm[:self.n])
+            self.mm.close()
+            self.mm = None
+        if self.mm is not None:
+            self.mm[self.n:end] = piece
+        else:
+            self.data += piece
+        self.n = end
+
+    def payload(self, label: str) -> Payload:
+        if self.mm is None:
+            return Payload(label, self.data)
+        buf = self.mm if self.n == len(self.mm) else memoryview(self.mm)[:self.n]
+        return Payload(label, buf, self.mm)
+
+
+def gzip_size_hint(tail: bytes, compressed: int, budget: Budget) -> int | None:
+    """The gzip trailer's ISIZE (uncompressed size mod 2**32) when plausible, capped by the budget."""
+    if len(tail) != 4:
+        return None
+    size = int.from_bytes(tail, "little")
+    if size == 0 or compressed > (1 << 31):  # empty, or possibly beyond 4 GiB (ISIZE wraps)
+        return None
+    return min(size, budget.limit - budget.used + 1)
+
+
+def gunzip(chunks: Iterator[bytes], label: str, budget: Budget, size_hint: int | None = None) -> Payload:
     """Stream-decompress (possibly multi-member) gzip data under the budget."""
-    out = bytearray()
+    out = _Sink(size_hint)
     dec = zlib.decompressobj(wbits=31)
     started = False  # the current member has received input
     try:
@@ -74,7 +120,7 @@ def gunzip(chunks: Iterator[bytes], label: str, budget: Budget) -> bytearray:
                 started = True
                 piece = dec.decompress(data, STEP_BYTES)
                 budget.take(len(piece), label)
-                out += piece
+                out.write(piece)
                 if dec.eof:  # end of one member: maybe another follows
                     rest = dec.unused_data
                     dec, started = zlib.decompressobj(wbits=31), False
@@ -86,12 +132,12 @@ def gunzip(chunks: Iterator[bytes], label: str, budget: Budget) -> bytearray:
                     while len(piece) == STEP_BYTES and not dec.eof:  # drain pending output
                         piece = dec.decompress(b"", STEP_BYTES)
                         budget.take(len(piece), label)
-                        out += piece
+                        out.write(piece)
     except zlib.error as exc:
         raise TraceError(f"{label}: corrupt gzip data ({exc})") from None
     if started and not dec.eof:
         raise TraceError(f"{label}: truncated gzip file (the compressed stream ends early)")
-    return out
+    return out.payload(label)
 
 
 def _chunks_of(buf: Any, size: int = STEP_BYTES) -> Iterator[bytes]:
@@ -111,7 +157,8 @@ def _file_chunks(fh: Any, size: int = STEP_BYTES) -> Iterator[bytes]:
 def _from_bytes(buf: Any, label: str, budget: Budget) -> Iterator[Payload]:
     head = bytes(buf[:4])
     if head[:2] == GZIP_MAGIC:
-        yield Payload(label, gunzip(_chunks_of(buf), label, budget))
+        hint = gzip_size_hint(bytes(buf[-4:]), len(buf), budget)
+        yield gunzip(_chunks_of(buf), label, budget, hint)
     elif head == ZIP_MAGIC:
         yield from _from_zip(io.BytesIO(buf), label, budget)
     else:
@@ -145,15 +192,16 @@ def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
                     head = member.read(2)
                     rest = _file_chunks(member)
                     if head == GZIP_MAGIC:
-                        buf = gunzip(_prepend(head, rest), mlabel, budget)
+                        payload = gunzip(_prepend(head, rest), mlabel, budget)
                     else:
                         buf = bytearray()
                         for block in _prepend(head, rest):
                             budget.take(len(block), mlabel)
                             buf += block
+                        payload = Payload(mlabel, buf)
             except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
                 raise TraceError(f"{mlabel}: corrupt zip member ({exc})") from None
-            yield Payload(mlabel, buf)
+            yield payload
 
 
 def _prepend(head: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -183,8 +231,10 @@ def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
         if size == 0:
             raise TraceError(f"{label}: empty file")
         if head[:2] == GZIP_MAGIC:
+            fh.seek(-4, os.SEEK_END)
+            hint = gzip_size_hint(fh.read(4), size, budget)
             fh.seek(0)
-            yield Payload(label, gunzip(_file_chunks(fh), label, budget))
+            yield gunzip(_file_chunks(fh), label, budget, hint)
             return
         if head == ZIP_MAGIC:
             fh.seek(0)
@@ -192,7 +242,7 @@ def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
             return
         budget.take(size, label)
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    yield Payload(label, mm, mm.close)
+    yield Payload(label, mm, mm, file_backed=True)
 
 
 def iter_payloads(sources: Any, max_decompressed_bytes: int) -> Iterator[Payload]:

@@ -120,3 +120,15 @@ def test_many_chunks_with_boundaries_inside_strings(tmp_path, monkeypatch):
     assert len(tr.events) == 400 and tr.meta["skipped_events"] == 0
     assert sorted(tr.events["name"].astype(str)) == sorted(e["name"] for e in events)
     assert set(tr.events["input_dims"]) == {f"[[{i},2],[]]" for i in range(400)}
+
+
+def test_multi_member_gzip_and_gzip_bytes_agree(tmp_path):
+    """Concatenated gzip members decode whole (the trailer's size hint covers only the last one)."""
+    plain = gzip.decompress(NO_RANK_B.read_bytes())
+    cut = len(plain) // 3
+    path = tmp_path / "multi.json.gz"
+    path.write_bytes(gzip.compress(plain[:cut]) + gzip.compress(plain[cut:]))
+    ref = loaded(NO_RANK_B)
+    for source in (path, path.read_bytes()):
+        tr = load_trace(source)
+        assert tr.events.equals(ref.events) and tr.meta["t0_us"] == ref.meta["t0_us"]
