@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -227,8 +227,15 @@ def _empty(vtype: str, n: int) -> Any:
     return np.full(n, -1, np.int32)  # str / json: codes
 
 
+def _take(seq: list, idx: np.ndarray) -> list:
+    """[seq[i] for i in idx], gathered in C."""
+    if len(idx) < 2:
+        return [seq[i] for i in idx.tolist()]
+    return list(itemgetter(*idx.tolist())(seq))
+
+
 def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipped: Counter) -> None:
-    rows = [evs[i] for i in idx.tolist()]
+    rows = _take(evs, idx)
     ts, dur = floats(rows, _TS), floats(rows, _DUR)
     names = list(map(_NAME, rows))
     ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < ABSURD_US) & (dur < ABSURD_US)
@@ -245,8 +252,7 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
             skipped[R_NAME] += int((fin & (dur >= 0) & (np.abs(ts) < ABSURD_US) & (dur < ABSURD_US)
                                     & ~np.fromiter((type(x) is str for x in names), bool, len(names))).sum())
         keep = np.flatnonzero(ok)
-        rows = [rows[i] for i in keep.tolist()]
-        names = [names[i] for i in keep.tolist()]
+        rows, names = _take(rows, keep), _take(names, keep)
         ts, dur, kinds = ts[keep], dur[keep], kinds[keep]
     n = len(rows)
     if n == 0:
@@ -271,7 +277,7 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
     for col, attr, vtype, codes in ARG_COLUMNS:
         if codes not in subsets:
             where = np.flatnonzero(np.isin(kinds, codes))
-            subsets[codes] = (where, [args[i] for i in where.tolist()])
+            subsets[codes] = (where, _take(args, where))
         where, objs = subsets[codes]
         vals = _values(objs, attr, vtype, acc, col) if objs else None
         if where is None:  # every row carries it: a dense column
@@ -281,7 +287,7 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
 
 
 def _flows(evs: list, idx: np.ndarray, codes: np.ndarray, acc: Accumulator, skipped: Counter) -> None:
-    objs = [evs[i] for i in idx.tolist()]
+    objs = _take(evs, idx)
     ts, fid = floats(objs, _TS), ints(objs, _ID)
     ok = np.isfinite(ts) & (fid != MISSING)
     if not ok.all():
