@@ -8,9 +8,10 @@ recorded step, the same program every step) is matched greedily in order:
 - candidates are the profiled cpu_ops (by start time, parents first) whose name the recorder
   saw, skipping those nested inside an earlier candidate on the same thread (an inner
   aten::copy_ of aten::_to_copy is part of it, never a recorded copy_ of its own);
-- candidates and recorded ops are aligned in order by name (difflib's matching blocks), so an op
-  present on one side only is one miss, never a shift of everything after it; an in-place and
-  an out-of-place form align (`canonical`);
+- candidates and recorded ops are aligned in order by name (`align`: walk together, resynchronise
+  after a mismatch at the smallest skip that agrees for a few names), so an op present on one
+  side only is one miss, never a shift of everything after it; an in-place and an out-of-place
+  form align (`canonical`);
 - views and aliases (aten::t, view, detach, ...) cost 0 by definition: they are not matched (the
   recorder sees detaches autograd makes for saved tensors that the profiler does not show) and
   every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
@@ -26,7 +27,6 @@ common unmatched names) and goes into `Trace.meta["capture"]["join"]`.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -35,6 +35,8 @@ import numpy as np
 import pandas as pd
 
 GPU_COST_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+WINDOW = 64  # how far (ops, each side) a resynchronisation after a mismatch may skip
+RUN = 3  # names that must agree after a resynchronisation
 _STEP_RE = re.compile(r"ProfilerStep#(\d+)")
 
 
@@ -97,25 +99,46 @@ def candidates(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarra
     return out
 
 
+def _agrees(a: list[str], b: list[str], i: int, j: int, run: int) -> bool:
+    n = min(run, len(a) - i, len(b) - j)
+    return n > 0 and all(a[i + t] == b[j + t] for t in range(n))
+
+
+def align(a: list[str], b: list[str], window: int = WINDOW, run: int = RUN) -> list[tuple[int, int]]:
+    """In-order matching pairs (i, j) with a[i] == b[j]: walk both lists together; at a mismatch,
+    resynchronise at the smallest skip (di + dj, each <= `window`) after which `run` names agree.
+    Linear in the common case (the same program on both sides), robust to periodic sequences
+    (repeated layers), where a longest-common-block diff aligns whole layers one period off."""
+    pairs: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] == b[j]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+            continue
+        skip = next(((di, total - di) for total in range(1, 2 * window + 1)
+                     for di in range(max(0, total - window), min(total, window) + 1)
+                     if _agrees(a, b, i + di, j + total - di, run)), None)
+        if skip is None:  # nothing agrees nearby: this recorded op has no counterpart
+            j += 1
+        else:
+            i, j = i + skip[0], j + skip[1]
+    return pairs
+
+
 def match_sequence(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray,
                    recorded: list[str]) -> tuple[list[int], list[int], Counter]:
     """Align `recorded` names with the candidate profiled ops (sorted by start) in order.
 
     Returns (profiled positions, recorded positions) of the matches and a Counter of unmatched
-    recorded names. The alignment is difflib's longest matching blocks, so an op present on one
-    side only (the recorder sees aten::add where autograd ran add_ in place) costs one miss and
-    never shifts the rest.
+    recorded names. An op present on one side only costs one miss and never shifts the rest.
     """
     names = [canonical(n) for n in names]
     wanted = [canonical(n) for n in recorded]
     cand = candidates(names, ts, end, tid, set(wanted))
-    cand_names = [names[j] for j in cand]
-    sm = difflib.SequenceMatcher(None, cand_names, wanted, autojunk=False)
-    prof_idx: list[int] = []
-    rec_idx: list[int] = []
-    for a, b, size in sm.get_matching_blocks():
-        prof_idx.extend(cand[a:a + size])
-        rec_idx.extend(range(b, b + size))
+    pairs = align([names[k] for k in cand], wanted)
+    prof_idx = [cand[p] for p, _ in pairs]
+    rec_idx = [r for _, r in pairs]
     hit = set(rec_idx)
     missing = Counter(n for r, n in enumerate(recorded) if r not in hit)
     return prof_idx, rec_idx, missing
@@ -142,15 +165,16 @@ def _gpu_costs(events: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, matc
             continue
         pos = np.searchsorted(span[0], hit[1], side="right") - 1
         if pos >= 0 and hit[1] <= span[1][pos]:
-            owner[k] = events.index.get_loc(span[2][pos])
-    dur = events["dur_us"].to_numpy()[gpu]
-    for op in np.unique(owner[owner >= 0]):
-        rows = gpu[owner == op]
-        d = dur[owner == op]
-        share = d / d.sum() if d.sum() > 0 else np.full(len(rows), 1.0 / len(rows))
-        flops[rows] = flops[op] * share
-        bytes_[rows] = bytes_[op] * share
-    return int((owner >= 0).sum()), int((owner < 0).sum())
+            owner[k] = span[2][pos]  # events has a RangeIndex: labels are positions
+    valid = owner >= 0
+    rows, own = gpu[valid], owner[valid]
+    dur = events["dur_us"].to_numpy(dtype="float64")[rows]
+    groups = pd.DataFrame({"own": own, "dur": dur}).groupby("own")["dur"]
+    total, count = groups.transform("sum").to_numpy(), groups.transform("size").to_numpy()
+    share = np.where(total > 0, dur / np.where(total > 0, total, 1.0), 1.0 / count)
+    flops[rows] = flops[own] * share
+    bytes_[rows] = bytes_[own] * share
+    return int(valid.sum()), int((~valid).sum())
 
 
 def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame, JoinStats]:
