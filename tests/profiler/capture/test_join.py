@@ -120,3 +120,17 @@ def test_shapes_from_the_cost_pass_equal_kinetos_record_shapes(tmp_path):
     assert filled.sum() > 0.5 * b["flops"].notna().sum()
     assert (a.loc[filled, "input_dims"] == b.loc[filled, "input_dims"]).all()
     assert (a.loc[filled, "input_types"] == b.loc[filled, "input_types"]).all()
+
+
+def test_align_repeated_layers_with_one_sided_ops():
+    from profiler.capture.join import align
+
+    layer = ["aten::addmm", "aten::mul", "aten::add", "aten::mean", "aten::bmm", "aten::exp", "aten::sum", "aten::div"]
+    prof = layer * 300  # 300 identical layers: a longest-common-block diff slips by whole layers
+    rec = list(prof)
+    rec.insert(700, "aten::scalar_tensor")  # seen by the recorder only
+    del prof[1500]  # seen by the profiler only (here: missing from prof)
+    pairs = align(prof, rec)
+    assert all(prof[i] == rec[j] for i, j in pairs)
+    assert len(pairs) == len(rec) - 2  # the extra recorded op and the op deleted from prof
+    assert [j for _, j in pairs] == sorted(j for _, j in pairs)
