@@ -215,6 +215,8 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     """Profile `spec` per `plan`; the raw trace goes to `out_dir`. Raises SpecError / CaptureError.
 
     `wrap_model` (e.g. DistributedDataParallel) wraps the prepared model before the steps run.
+    A `LoadedModel` passed in is used as is: it is moved to the plan's device and dtype in place
+    and, in train mode, its weights change with every optimizer step; pass a copy to keep it.
     """
     say = progress or (lambda done, total, msg: None)
     backend = get_backend(plan.backend)
