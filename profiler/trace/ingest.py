@@ -23,8 +23,6 @@ from profiler.trace.schema import SCHEMA_VERSION
 from profiler.trace.sources import iter_payloads
 
 
-
-
 @contextmanager
 def _no_gc() -> Iterator[None]:
     """Millions of small objects are made and dropped: the cyclic GC would only rescan them."""
@@ -37,14 +35,8 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _cat(pieces: list) -> Any:
-    if not pieces:
-        return np.empty(0)
-    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-
-
 def _file_frame(fd: FileData) -> FileFrame:
-    """Concatenate one file's chunks (column by column, freeing the pieces) and resolve its links."""
+    """One file's accumulated columns, with kind-specific ones kept sparse, and its links resolved."""
     acc = fd.acc
     cols = {k: acc.rows.pop(k).array() for k in list(acc.rows)}
     if not cols:
