@@ -45,7 +45,7 @@ ZERO_FLOP_OPS = frozenset({
     "lift_fresh_copy", "slice_backward", "select_backward", "as_strided_scatter", "slice_scatter",
     "select_scatter", "_unsafe_view", "masked_fill", "masked_fill_", "where", "detach_",
     "_index_put_impl_", "embedding", "scalar_tensor", "uniform_", "normal_", "bernoulli_",
-    "random_", "native_dropout", "_pin_memory", "split_with_sizes_copy", "unbind_copy",
+    "random_", "_pin_memory", "split_with_sizes_copy", "unbind_copy",
     "expand_copy", "permute_copy", "view_copy", "t_copy", "transpose_copy", "tril_indices",
     "triu_indices", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "_assert_async",
     "_foreach_copy_", "_foreach_zero_",

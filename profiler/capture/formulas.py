@@ -15,7 +15,8 @@ N = numel, R = rows, i.e. N / normalized size):
   layer norm (inference 4N);
 - CPU fused attention: as torch counts fused attention, the two matmuls (4·B·H·L·S·D), backward
   five matmuls (with the recompute); the softmax's ~5 FLOPs per score are left out, as torch does;
-- embedding 0 (a gather), its backward 1 per gradient element; nll_loss 1 per target, mse 3N.
+- embedding 0 (a gather), its backward 1 per gradient element; nll_loss 1 per target, mse 3N;
+  dropout 2 per element (mask, scale), its backward 2.
 
 Bytes are an algorithmic lower bound: inputs + outputs at their dtypes, each tensor counted once
 per op over its distinct elements (stride-0 broadcast dims count once), views and aliases 0.
@@ -208,6 +209,18 @@ def cpu_attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
 def cpu_attention_backward_flops(grad, q, k, v, *args, out_val=None, **kwargs) -> int:
     """Five matmuls (scores recomputed), as torch counts fused attention backward."""
     return flop_counter.sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)
+
+
+@register_flops(*_packets("native_dropout"))
+def dropout_flops(x, *args, out_val=None, **kwargs) -> int:
+    """Draw and compare the mask, scale the kept values: 2 per element."""
+    return 2 * numel(x)
+
+
+@register_flops(*_packets("native_dropout_backward"))
+def dropout_backward_flops(grad, *args, out_val=None, **kwargs) -> int:
+    """Mask times scale times gradient: 2 per element."""
+    return 2 * numel(grad)
 
 
 @register_flops(*_packets("embedding"))
