@@ -63,7 +63,8 @@ def _attn(s: dict) -> dict:
 def _gpt2(tf: Any, s: dict):
     """GPT2LMHeadModel from a small GPT2Config."""
     cfg = tf.GPT2Config(n_layer=s["layers"], n_embd=s["dim"], n_head=s["heads"], vocab_size=s["vocab"],
-                        n_positions=s["seq_len"], bos_token_id=0, eos_token_id=0, **_attn(s))
+                        n_positions=s["seq_len"], bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM",
+                        **_attn(s))
     return tf.GPT2LMHeadModel(cfg), _lm_inputs(s)
 
 
@@ -72,7 +73,8 @@ def _llama(tf: Any, s: dict):
     """LlamaForCausalLM from a small LlamaConfig (RMSNorm, SwiGLU, RoPE)."""
     cfg = tf.LlamaConfig(num_hidden_layers=s["layers"], hidden_size=s["dim"], num_attention_heads=s["heads"],
                          num_key_value_heads=s["heads"], intermediate_size=8 * s["dim"] // 3,
-                         vocab_size=s["vocab"], max_position_embeddings=s["seq_len"], **_attn(s))
+                         vocab_size=s["vocab"], max_position_embeddings=s["seq_len"], loss_type="ForCausalLM",
+                         **_attn(s))
     return tf.LlamaForCausalLM(cfg), _lm_inputs(s)
 
 
@@ -81,7 +83,7 @@ def _bert(tf: Any, s: dict):
     """BertForMaskedLM from a small BertConfig."""
     cfg = tf.BertConfig(num_hidden_layers=s["layers"], hidden_size=s["dim"], num_attention_heads=s["heads"],
                         intermediate_size=4 * s["dim"], vocab_size=s["vocab"],
-                        max_position_embeddings=s["seq_len"], **_attn(s))
+                        max_position_embeddings=s["seq_len"], loss_type="ForMaskedLM", **_attn(s))
     return tf.BertForMaskedLM(cfg), _lm_inputs(s)
 
 
