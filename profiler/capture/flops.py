@@ -69,7 +69,18 @@ def op_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     if rule is not None:
         return int(rule(args, kwargs, out))
     inputs = fm.tensors((args, kwargs))
-    return sum(fm.tensor_bytes(t) for t in inputs) + sum(fm.tensor_bytes(t) for t in fm.tensors(out))
+    outputs = fm.tensors(out) or _written_args(func, args, kwargs)  # void in-place ops (_foreach_*_)
+    return sum(fm.tensor_bytes(t) for t in inputs) + sum(fm.tensor_bytes(t) for t in outputs)
+
+
+def _written_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors an op mutates in place (schema alias annotations with a write, e.g. Tensor(a!)[])."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            written.extend(fm.tensors(value))
+    return written
 
 
 def _foreach_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:

@@ -115,3 +115,10 @@ def test_unknown_op_is_nan_not_zero():
     row = only(costs_of(lambda: torch.cumsum(x, 0)), "aten::cumsum")
     assert math.isnan(row.flops) and row.rule == "unknown"
     assert row.bytes_moved == 80
+
+
+def test_foreach_ops_count_every_tensor():
+    a, b = [torch.randn(3), torch.randn(4, 5)], [torch.randn(3), torch.randn(4, 5)]
+    row = only(costs_of(lambda: torch._foreach_add_(a, b)), "aten::_foreach_add_")
+    assert row.flops == 3 + 20
+    assert row.bytes_moved == 4 * (2 * (3 + 20) + (3 + 20))  # read a and b, write a
