@@ -137,8 +137,12 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
         max_decompressed_bytes: refuse once this many bytes of JSON were decompressed/read.
     Returns:
         A Trace whose `ts_us` counts from the earliest event over all ranks (`meta["t0_us"]`).
+        Events that cannot be read (missing or wrongly typed fields, negative or absurd numbers,
+        integers beyond int64) are skipped and counted in `meta["skipped_events"]` and
+        `meta["skipped_reasons"]`; rows keep file order.
     Raises:
-        TraceError: one line naming the file and what is wrong with it.
+        TraceError: one line naming the file and what is wrong with it (also when more than
+            max(10, 10%) of a file's events are unreadable, or none is usable).
     """
     frames: list[FileFrame] = []
     with _no_gc():
