@@ -57,6 +57,8 @@ def _json_error(label: str, buf: Any, exc: Exception) -> TraceError:
 def _top_level(payload: Payload) -> tuple[Any, Any]:
     """(Doc or None, memoryview of the traceEvents array) with one-line errors for non-traces."""
     buf, label = payload.buf, payload.label
+    if bytes(buf[:3]) == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark (some editors write one)
+        buf = memoryview(buf)[3:]
     if not bytes(buf[:4096]).strip(_WS) and not bytes(buf).strip(_WS):
         raise TraceError(f"{label}: empty file")
     try:

@@ -132,3 +132,11 @@ def test_multi_member_gzip_and_gzip_bytes_agree(tmp_path):
     for source in (path, path.read_bytes()):
         tr = load_trace(source)
         assert tr.events.equals(ref.events) and tr.meta["t0_us"] == ref.meta["t0_us"]
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path):
+    doc = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k\u00e9", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(doc, ensure_ascii=False).encode())
+    tr = load_trace(path)
+    assert list(tr.events["name"].astype(str)) == ["k\u00e9"]
