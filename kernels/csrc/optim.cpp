@@ -112,12 +112,35 @@ std::vector<double> bump_steps(const char* name, at::TensorList steps, size_t n)
   return out;
 }
 
-// AdamW is compiled with IEEE semantics (no reassociation, no reciprocal division, no implicit
-// fused multiply-add) and follows the rounding of ATen's CPU kernels op by op (lerp and addcmul
-// are FMAs there). It matches torch.optim.AdamW(foreach=False) except where ATen's vectorized
-// sqrt (SLEEF, not always correctly rounded) differs by an ulp.
-#pragma GCC push_options
-#pragma GCC optimize("no-unsafe-math-optimizations", "fp-contract=off")
+// AdamW follows torch's operation order and uses FMAs where ATen's CPU kernels do (lerp,
+// addcmul). It is not bit-exact (the build's -ffast-math may contract or use reciprocals, and
+// ATen's vectorized sqrt is not always correctly rounded), but within fp32 rounding per step.
+// One chunk of AdamW; AMSGRAD is a template parameter so the loop has no conditional store and
+// vectorizes. The ternaries on loop-invariant flags are if-converted.
+template <typename T, typename M, bool AMSGRAD>
+inline void adamw_chunk(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, M decay, M w1, M b2,
+                        M w2, M e, M ss, M bc2s, bool lerp_low, bool maximize) {
+  const M sign = maximize ? M(-1) : M(1);
+#pragma omp simd
+  for (int64_t k = 0; k < len; ++k) {
+    const M gk = sign * static_cast<M>(g[k]);
+    const M pk = static_cast<M>(p[k]) * decay;
+    const M mk0 = static_cast<M>(m[k]);
+    // torch.lerp's two-sided formula (exact at weight 0 and 1), as ATen's vectorized FMA
+    const M mk = lerp_low ? std::fma(w1, gk - mk0, mk0) : std::fma(w1 - M(1), gk - mk0, gk);
+    const M vk = std::fma(w2 * gk, gk, static_cast<M>(v[k]) * b2);
+    M vd = vk;
+    if constexpr (AMSGRAD) {
+      vd = std::max(static_cast<M>(vmax[k]), vk);
+      vmax[k] = static_cast<T>(vd);
+    }
+    const M denom = std::sqrt(vd) / bc2s + e;
+    p[k] = static_cast<T>(pk + ((-ss) * mk) / denom);
+    m[k] = static_cast<T>(mk);
+    v[k] = static_cast<T>(vk);
+  }
+}
+
 void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                  at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
                  double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -153,32 +176,16 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
         T* vmax = amsgrad ? max_exp_avg_sqs[i].data_ptr<T>() + ch.begin : nullptr;
         const M ss = step_size[i], bc2s = bc2_sqrt[i];
         const int64_t len = ch.end - ch.begin;
-#pragma omp simd
-        for (int64_t k = 0; k < len; ++k) {
-          M gk = static_cast<M>(g[k]);
-          gk = maximize ? -gk : gk;
-          const M pk = static_cast<M>(p[k]) * decay;
-          const M mk0 = static_cast<M>(m[k]);
-          // torch.lerp's two-sided formula (exact at weight 0 and 1), as ATen's vectorized FMA
-          const M mk = lerp_low ? std::fma(w1, gk - mk0, mk0) : std::fma(w1 - M(1), gk - mk0, gk);
-          const M vk = std::fma(w2 * gk, gk, static_cast<M>(v[k]) * b2);
-          M vd = vk;
-          if (amsgrad) {
-            const M vm = std::max(static_cast<M>(vmax[k]), vk);
-            vmax[k] = static_cast<T>(vm);
-            vd = vm;
-          }
-          const M denom = std::sqrt(vd) / bc2s + e;
-          p[k] = static_cast<T>(pk + ((-ss) * mk) / denom);
-          m[k] = static_cast<T>(mk);
-          v[k] = static_cast<T>(vk);
+        if (amsgrad) {
+          adamw_chunk<T, M, true>(p, g, m, v, vmax, len, decay, w1, b2, w2, e, ss, bc2s, lerp_low, maximize);
+        } else {
+          adamw_chunk<T, M, false>(p, g, m, v, vmax, len, decay, w1, b2, w2, e, ss, bc2s, lerp_low, maximize);
         }
       }
     });
   });
 }
 
-#pragma GCC pop_options
 
 void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                 at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1,

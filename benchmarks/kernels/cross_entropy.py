@@ -1,0 +1,162 @@
+"""Benchmark cases for cross-entropy and the chunked fused linear + cross-entropy.
+
+Contract: `benchmarks/kernels/__init__.py` (`cases(threads)`, driven by bench_kernels.py).
+- cross_entropy, tokens 4096 x vocab 32000 fp32 (FL_BENCH_QUICK=1: 1024 x 32000), fwd and
+  fwd+bwd: naive (log_softmax + gather + masked mean, the eager reference), aten
+  (F.cross_entropy), ours (provider="cpu"), torch.compile of the reference (by the driver).
+- fused_linear_cross_entropy, x 4096 x 768, W 32000 x 768 (+ bias), fwd+bwd: naive
+  (F.linear + F.cross_entropy, the full logits), ours (chunked, provider="cpu").
+
+Peak memory is not a timing, so it has its own entry point, each variant in a fresh process
+(peak RSS above the post-setup baseline, `benchmarks/kernels/memory_probe.py`):
+    .venv/bin/python benchmarks/kernels/cross_entropy.py --memory [--tokens 4096]
+which prints a table and appends `peak_rss` rows to benchmarks/results/kernels.csv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels.cross_entropy import SPEC, cross_entropy  # noqa: E402
+from kernels.linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+
+VOCAB, HIDDEN = 32000, 768
+
+
+def _inputs(n: int, v: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = 2.0 * torch.randn(n, v, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    return x, t
+
+
+def _ce_cases(n: int) -> list[dict]:
+    x, t = _inputs(n, VOCAB)
+    xg = x.clone().requires_grad_()
+    fns = {"naive": SPEC.reference, "aten": F.cross_entropy,
+           "ours": lambda a, b: cross_entropy(a, b, provider="cpu")}
+
+    def fwd(fn):
+        def step():
+            with torch.no_grad():
+                return fn(x, t)
+        return step
+
+    def fwd_bwd(fn):
+        return lambda: torch.autograd.grad(fn(xg, t), xg)
+
+    shape, es = f"{n}x{VOCAB}", x.element_size()
+    return [
+        dict(kernel="cross_entropy", **{"pass": "fwd"}, shape=shape, dtype="float32",
+             variants={k: fwd(f) for k, f in fns.items()}, baseline="naive",
+             compile=lambda: fwd(torch.compile(SPEC.reference)), bytes=float(n * VOCAB * es),
+             notes="bytes: logits read once"),
+        dict(kernel="cross_entropy", **{"pass": "fwd+bwd"}, shape=shape, dtype="float32",
+             variants={k: fwd_bwd(f) for k, f in fns.items()}, baseline="naive",
+             compile=lambda: fwd_bwd(torch.compile(SPEC.reference)), bytes=float(3 * n * VOCAB * es),
+             notes="bytes: logits read in fwd, read + grad written in bwd"),
+    ]
+
+
+def _flce_inputs(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, HIDDEN, generator=g).requires_grad_()
+    w = (0.02 * torch.randn(VOCAB, HIDDEN, generator=g)).requires_grad_()
+    b = torch.zeros(VOCAB).requires_grad_()
+    t = torch.randint(0, VOCAB, (n,), generator=g)
+    return x, w, b, t
+
+
+def _flce_unfused(x, w, b, t):
+    return F.cross_entropy(F.linear(x, w, b), t)
+
+
+def _flce_case(n: int) -> dict:
+    x, w, b, t = _flce_inputs(n)
+
+    def step(fn):
+        return lambda: torch.autograd.grad(fn(x, w, b, t), (x, w, b))
+
+    ours = lambda x, w, b, t: fused_linear_cross_entropy(x, w, t, b, provider="cpu")  # noqa: E731
+    return dict(kernel="fused_linear_cross_entropy", **{"pass": "fwd+bwd"},
+                shape=f"{n}x{HIDDEN}->{VOCAB}", dtype="float32",
+                variants={"naive": step(_flce_unfused), "ours": step(ours)}, baseline="naive",
+                compile=lambda: step(torch.compile(_flce_unfused)), inner=1,
+                notes="3 matmuls of 2*N*H*V flops dominate; peak memory: --memory")
+
+
+def cases(threads: int) -> list[dict]:
+    quick = os.environ.get("FL_BENCH_QUICK") == "1"
+    n = 1024 if quick else 4096
+    return _ce_cases(n) + [_flce_case(n)]
+
+
+# ---- peak memory (fresh process per variant) -------------------------------------------------
+
+def _measure_child(variant: str, n: int) -> None:
+    from benchmarks.kernels.memory_probe import peak_rss_delta_bytes
+
+    small = _flce_inputs(8)
+    fns = {"naive": _flce_unfused,
+           "ours": lambda x, w, b, t: fused_linear_cross_entropy(x, w, t, b, provider="cpu")}
+    fn = fns[variant]
+    fn(*small).backward()  # load the C++ ops and start the threads outside the measurement
+    x, w, b, t = _flce_inputs(n)
+
+    def step():
+        loss = fn(x, w, b, t)
+        loss.backward()
+        return float(loss.detach())
+
+    loss, peak = peak_rss_delta_bytes(step)
+    print(json.dumps(dict(peak_bytes=peak, loss=loss)))
+
+
+def memory_main(n: int) -> None:
+    from benchmarks.harness import append_rows, print_table
+
+    results = {}
+    for variant in ("naive", "ours"):
+        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--tokens", str(n)],
+                              cwd=ROOT, text=True, capture_output=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    logits_mb = n * VOCAB * 4 / 1e6
+    shape = f"{n}x{HIDDEN}->{VOCAB} float32 fwd+bwd"
+    notes = (f"threads={torch.get_num_threads()}; malloc={os.environ.get('GLIBC_TUNABLES', 'glibc-default')}; "
+             f"peak RSS above post-setup baseline, fresh process; logits would be {logits_mb:.0f} MB")
+    rows = [dict(benchmark="fused_linear_cross_entropy", variant=v, shape=shape, metric="peak_rss",
+                 p20=r["peak_bytes"] / 1e6, p50=r["peak_bytes"] / 1e6, p80=r["peak_bytes"] / 1e6,
+                 unit="MB", notes=notes) for v, r in results.items()]
+    ratio = results["naive"]["peak_bytes"] / max(results["ours"]["peak_bytes"], 1)
+    rows.append(dict(benchmark="fused_linear_cross_entropy", variant="naive_over_ours", shape=shape,
+                     metric="peak_rss_ratio", p20=ratio, p50=ratio, p80=ratio, unit="x", notes=notes))
+    append_rows("kernels.csv", rows)
+    print_table(f"fused_linear_cross_entropy peak memory, {shape}",
+                ["variant", "peak MB", "loss"],
+                [[v, r["peak_bytes"] / 1e6, r["loss"]] for v, r in results.items()])
+    print(f"  unfused / fused peak: {ratio:.1f}x (one [N, V] fp32 logits tensor = {logits_mb:.0f} MB)")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="fused linear + cross-entropy peak memory")
+    ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--child", choices=["naive", "ours"])
+    ap.add_argument("--tokens", type=int, default=4096)
+    args = ap.parse_args()
+    if args.child:
+        _measure_child(args.child, args.tokens)
+    else:
+        memory_main(args.tokens)
