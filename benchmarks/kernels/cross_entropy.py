@@ -33,18 +33,18 @@ from kernels.linear_cross_entropy import fused_linear_cross_entropy  # noqa: E40
 VOCAB, HIDDEN = 32000, 768
 
 
-def _inputs(n: int, v: int, seed: int = 0):
+def _inputs(n: int, v: int, seed: int = 0, device: str = "cpu", dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    x = 2.0 * torch.randn(n, v, generator=g)
-    t = torch.randint(0, v, (n,), generator=g)
+    x = (2.0 * torch.randn(n, v, generator=g)).to(device=device, dtype=dtype)
+    t = torch.randint(0, v, (n,), generator=g).to(device)
     return x, t
 
 
-def _ce_cases(n: int) -> list[dict]:
-    x, t = _inputs(n, VOCAB)
+def _ce_cases(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.float32) -> list[dict]:
+    x, t = _inputs(n, VOCAB, device=device, dtype=dtype)
     xg = x.clone().requires_grad_()
     fns = {"naive": SPEC.reference, "aten": F.cross_entropy,
-           "ours": lambda a, b: cross_entropy(a, b, provider="cpu")}
+           "ours": lambda a, b: cross_entropy(a, b, provider=provider)}
 
     def fwd(fn):
         def step():
@@ -55,25 +55,25 @@ def _ce_cases(n: int) -> list[dict]:
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(xg, t), xg)
 
-    shape, es = f"{n}x{VOCAB}", x.element_size()
+    shape, es, dt = f"{n}x{VOCAB}", x.element_size(), str(dtype).replace("torch.", "")
     return [
-        dict(kernel="cross_entropy", **{"pass": "fwd"}, shape=shape, dtype="float32",
+        dict(kernel="cross_entropy", **{"pass": "fwd"}, shape=shape, dtype=dt,
              variants={k: fwd(f) for k, f in fns.items()}, baseline="naive",
              compile=lambda: fwd(torch.compile(SPEC.reference)), bytes=float(n * VOCAB * es),
              notes="bytes: logits read once"),
-        dict(kernel="cross_entropy", **{"pass": "fwd+bwd"}, shape=shape, dtype="float32",
+        dict(kernel="cross_entropy", **{"pass": "fwd+bwd"}, shape=shape, dtype=dt,
              variants={k: fwd_bwd(f) for k, f in fns.items()}, baseline="naive",
              compile=lambda: fwd_bwd(torch.compile(SPEC.reference)), bytes=float(3 * n * VOCAB * es),
              notes="bytes: logits read in fwd, read + grad written in bwd"),
     ]
 
 
-def _flce_inputs(n: int, seed: int = 1):
+def _flce_inputs(n: int, seed: int = 1, device: str = "cpu", dtype=torch.float32, hidden: int = HIDDEN):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, HIDDEN, generator=g).requires_grad_()
-    w = (0.02 * torch.randn(VOCAB, HIDDEN, generator=g)).requires_grad_()
-    b = torch.zeros(VOCAB).requires_grad_()
-    t = torch.randint(0, VOCAB, (n,), generator=g)
+    x = torch.randn(n, hidden, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    w = (0.02 * torch.randn(VOCAB, hidden, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+    b = torch.zeros(VOCAB, device=device, dtype=dtype).requires_grad_()
+    t = torch.randint(0, VOCAB, (n,), generator=g).to(device)
     return x, w, b, t
 
 
@@ -81,15 +81,16 @@ def _flce_unfused(x, w, b, t):
     return F.cross_entropy(F.linear(x, w, b), t)
 
 
-def _flce_case(n: int) -> dict:
-    x, w, b, t = _flce_inputs(n)
+def _flce_case(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.float32,
+               hidden: int = HIDDEN) -> dict:
+    x, w, b, t = _flce_inputs(n, device=device, dtype=dtype, hidden=hidden)
 
     def step(fn):
         return lambda: torch.autograd.grad(fn(x, w, b, t), (x, w, b))
 
-    ours = lambda x, w, b, t: fused_linear_cross_entropy(x, w, t, b, provider="cpu")  # noqa: E731
+    ours = lambda x, w, b, t: fused_linear_cross_entropy(x, w, t, b, provider=provider)  # noqa: E731
     return dict(kernel="fused_linear_cross_entropy", **{"pass": "fwd+bwd"},
-                shape=f"{n}x{HIDDEN}->{VOCAB}", dtype="float32",
+                shape=f"{n}x{hidden}->{VOCAB}", dtype=str(dtype).replace("torch.", ""),
                 variants={"naive": step(_flce_unfused), "ours": step(ours)}, baseline="naive",
                 compile=lambda: step(torch.compile(_flce_unfused)), inner=1,
                 notes="3 matmuls of 2*N*H*V flops dominate; peak memory: --memory")
@@ -99,6 +100,34 @@ def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
     n = 1024 if quick else 4096
     return _ce_cases(n) + [_flce_case(n)]
+
+
+def gpu_cases(device: str = "cuda") -> list[dict]:
+    """CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider)."""
+    return (_ce_cases(16384, device, "triton", torch.bfloat16)
+            + [_flce_case(8192, device, "triton", torch.bfloat16, hidden=4096)])
+
+
+def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
+    """Correctness of the Triton kernels at real sizes vs the float64 truth."""
+    from kernels.linear_cross_entropy import SPEC as FLCE
+    from tests.kernels.numerics import check_against_reference
+
+    def ce_check(dtype):
+        x, t = _inputs(4096, VOCAB, device=device, dtype=dtype)
+        t[::7] = -100
+        check_against_reference(lambda a, b: cross_entropy(a, b, provider="triton"), SPEC.reference,
+                                [x, t], dtype)
+
+    def flce_check(dtype):
+        x, w, b, t = (a.detach() for a in _flce_inputs(2048, device=device, dtype=dtype))
+        check_against_reference(
+            lambda x, w, t, b: fused_linear_cross_entropy(x, w, t, b, provider="triton"),
+            FLCE.reference, [x, w, t, b], dtype)
+
+    return [(f"cross_entropy 4096x{VOCAB} {dt}", lambda dt=dt: ce_check(dt))
+            for dt in (torch.float32, torch.bfloat16)] + \
+        [(f"fused_linear_cross_entropy 2048x{HIDDEN}->{VOCAB} bfloat16", lambda: flce_check(torch.bfloat16))]
 
 
 # ---- peak memory (fresh process per variant) -------------------------------------------------

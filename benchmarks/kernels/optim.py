@@ -37,7 +37,8 @@ def param_shapes(layers: int) -> list[tuple[int, ...]]:
 
 def _make(shapes, grads, seed: int = 0) -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
-    ps = [torch.nn.Parameter(0.02 * torch.randn(s, generator=g)) for s in shapes]
+    dev = grads[0].device
+    ps = [torch.nn.Parameter((0.02 * torch.randn(s, generator=g)).to(dev)) for s in shapes]
     for p, gr in zip(ps, grads):
         p.grad = gr
     return ps
@@ -79,16 +80,51 @@ def _foreach_lamb(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.
 
 def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
-    shapes = param_shapes(1 if quick else 4)
+    return _cases(param_shapes(1 if quick else 4), "cpu", "cpu")
+
+
+def gpu_cases(device: str = "cuda") -> list[dict]:
+    """GPT-2-small's full 124M-parameter set (vocab 50257, 12 layers) on the GPU, Triton provider."""
+    shapes = [(50257, 768), (1024, 768)] + [s for _ in range(12) for _, s in LAYER] + [(768,), (768,)]
+    return _cases(shapes, device, "triton")
+
+
+def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
+    """20 steps of the Triton optimizers vs torch.optim.AdamW / the per-parameter LAMB, fp32."""
+    shapes = [(), (1,), (7, 3), (100003,), (768, 2304)]
+
+    def check(make_ours, make_ref):
+        g = torch.Generator().manual_seed(2)
+        seq = [[torch.randn(s, generator=g).to(device) for s in shapes] for _ in range(20)]
+        a, b = _make(shapes, seq[0]), _make(shapes, seq[0])
+        oa, ob = make_ours(a), make_ref(b)
+        for grads in seq:
+            for p, q, gr in zip(a, b, grads):
+                p.grad, q.grad = gr.clone(), gr.clone()
+            oa.step()
+            ob.step()
+        err = max(float((p - q).abs().max()) for p, q in zip(a, b))
+        if err > 1e-5:
+            raise AssertionError(f"max |ours - reference| = {err:.3g} after 20 steps")
+
+    return [("adamw_step triton vs torch.optim.AdamW (20 steps)",
+             lambda: check(lambda ps: AdamW(ps, lr=1e-2, weight_decay=0.1, provider="triton"),
+                           lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False))),
+            ("lamb_step triton vs per-parameter LAMB (20 steps)",
+             lambda: check(lambda ps: LAMB(ps, lr=1e-2, provider="triton"),
+                           lambda ps: LAMB(ps, lr=1e-2, provider="reference")))]
+
+
+def _cases(shapes, device: str, provider: str) -> list[dict]:
     n = sum(math.prod(s) for s in shapes)
     g = torch.Generator().manual_seed(1)
-    grads = [1e-3 * torch.randn(s, generator=g) for s in shapes]
+    grads = [(1e-3 * torch.randn(s, generator=g)).to(device) for s in shapes]
     hp = dict(lr=1e-4, weight_decay=0.01)
     adamw = {
         "naive": torch.optim.AdamW(_make(shapes, grads), foreach=False, **hp),
         "foreach": torch.optim.AdamW(_make(shapes, grads), foreach=True, **hp),
         "aten": torch.optim.AdamW(_make(shapes, grads), fused=True, **hp),
-        "ours": AdamW(_make(shapes, grads), provider="cpu", **hp),
+        "ours": AdamW(_make(shapes, grads), provider=provider, **hp),
     }
 
     def compiled_step():
@@ -98,7 +134,7 @@ def cases(threads: int) -> list[dict]:
     lamb = {
         "naive": LAMB(_make(shapes, grads), provider="reference", **hp).step,
         "foreach": _foreach_lamb(_make(shapes, grads), **hp),
-        "ours": LAMB(_make(shapes, grads), provider="cpu", **hp).step,
+        "ours": LAMB(_make(shapes, grads), provider=provider, **hp).step,
     }
     shape = f"{len(shapes)} tensors, {n / 1e6:.1f}M params"
     return [

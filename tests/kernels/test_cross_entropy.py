@@ -272,3 +272,11 @@ print(n)
 def test_triton_cross_entropy_interpreted() -> None:
     assert int(run_in_triton_interpreter(_TRITON_SCRIPT).strip().splitlines()[-1]) == 21
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_triton_cross_entropy_real_sizes() -> None:
+    from benchmarks.kernels.cross_entropy import gpu_checks
+
+    for _, check in gpu_checks("cuda"):
+        check()

@@ -263,3 +263,11 @@ print(n)
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_triton_optimizers_interpreted() -> None:
     assert int(run_in_triton_interpreter(_TRITON_SCRIPT).strip().splitlines()[-1]) == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_triton_optimizers_match() -> None:
+    from benchmarks.kernels.optim import gpu_checks
+
+    for _, check in gpu_checks("cuda"):
+        check()
