@@ -15,11 +15,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -129,6 +130,80 @@ inline float* out_row(T* dst, float* buf) {
 template <typename T>
 inline void commit_row(const float* buf, T* dst, int64_t n) {
   if constexpr (!std::is_same_v<T, float>) from_float<T>(buf, dst, n);
+}
+
+// Column tile of the output pass (floats): with its input slices it stays in L1.
+constexpr int64_t kTile = 1024;
+
+// Outputs larger than 16 MiB are written with non-temporal stores: they would not stay in cache
+// anyway, and streaming skips the read-for-ownership of every destination line (a third of the
+// traffic of a read-x/write-y kernel). FUSIONLENS_CPU_STREAM_BYTES overrides the threshold
+// (read once; tests set 0 to stream every output).
+inline int64_t stream_threshold_bytes() {
+  static const int64_t bytes = [] {
+    const char* env = std::getenv("FUSIONLENS_CPU_STREAM_BYTES");
+    return env ? static_cast<int64_t>(std::atoll(env)) : (int64_t{16} << 20);
+  }();
+  return bytes;
+}
+
+inline bool stream_output(int64_t elements, int64_t elem_size) {
+  return elements * elem_size > stream_threshold_bytes();
+}
+
+// memcpy with non-temporal stores for the 64-byte-aligned middle. Call stream_fence() before
+// the data is consumed (end of each thread's work).
+inline void stream_bytes(void* dst, const void* src, int64_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if defined(__AVX512F__)
+  int64_t head = static_cast<int64_t>((64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63);
+  head = std::min(head, bytes);
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; bytes -= 64, d += 64, s += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+#elif defined(__AVX2__)
+  int64_t head = static_cast<int64_t>((32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31);
+  head = std::min(head, bytes);
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 32; bytes -= 32, d += 32, s += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+#endif
+  std::memcpy(d, s, bytes);
+}
+
+inline void stream_fence() {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
+
+// Where to compute an output row: in place (float, not streamed) or in `buf`.
+template <typename T>
+inline float* out_row(T* dst, float* buf, bool stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    return stream ? buf : dst;
+  } else {
+    return buf;
+  }
+}
+
+// Write a computed float row (from out_row) to dst: convert, and stream when asked.
+// `tbuf` holds n elements of T (used for 16-bit types when streaming).
+template <typename T>
+inline void commit_row(const float* row, T* dst, int64_t n, bool stream, T* tbuf) {
+  if (!stream) {
+    if constexpr (!std::is_same_v<T, float>) from_float<T>(row, dst, n);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    stream_bytes(dst, row, n * static_cast<int64_t>(sizeof(float)));
+  } else {
+    from_float<T>(row, tbuf, n);
+    stream_bytes(dst, tbuf, n * static_cast<int64_t>(sizeof(T)));
+  }
 }
 
 // Rows per parallel task so each task touches at least ~16K elements (amortizes the fork).

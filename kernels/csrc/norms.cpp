@@ -63,8 +63,13 @@ void layer_norm_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& r
   float* mp = mean.data_ptr<float>();
   float* rsp = rstd.data_ptr<float>();
   const float inv_n = 1.0f / static_cast<float>(n);
+  const bool stream = stream_output(m * n, sizeof(T));
+  const std::vector<float> ones(w ? 0 : n, 1.f), zeros(b ? 0 : n, 0.f);
+  const float* wv = w ? w : ones.data();
+  const float* bv = b ? b : zeros.data();
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(3 * n);
+    std::vector<float> buf(2 * n + kTile);
+    std::vector<T> tbuf(std::is_same_v<T, float> && !stream ? 0 : kTile);
     for (int64_t i = begin; i < end; ++i) {
       const float* xr = load_input_row<T>(xp, rp, sp, i, n, buf.data(), buf.data() + n);
       float s = 0.f;
@@ -77,22 +82,17 @@ void layer_norm_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& r
       const float r = 1.0f / std::sqrt(v * inv_n + static_cast<float>(eps));
       mp[i] = mu;
       rsp[i] = r;
-      float* yr = out_row<T>(yp + i * n, buf.data() + 2 * n);
-      if (w && b) {
+      // Output in column tiles: the tile, its x/w/b slices and (streamed) output stay in L1.
+      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+        const int64_t len = std::min(kTile, n - j0);
+        const float *xt = xr + j0, *wt = wv + j0, *bt = bv + j0;
+        float* yt = out_row<T>(yp + i * n + j0, buf.data() + 2 * n, stream);
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mu) * r * w[j] + b[j];
-      } else if (w) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mu) * r * w[j];
-      } else if (b) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mu) * r + b[j];
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mu) * r;
+        for (int64_t j = 0; j < len; ++j) yt[j] = (xt[j] - mu) * r * wt[j] + bt[j];
+        commit_row<T>(yt, yp + i * n + j0, len, stream, tbuf.data());
       }
-      commit_row<T>(yr, yp + i * n, n);
     }
+    if (stream) stream_fence();
   });
 }
 
@@ -109,58 +109,51 @@ void layer_norm_bwd_impl(const at::Tensor& dy, const at::Tensor& x, const float*
   const float* rsp = rstd.data_ptr<float>();
   const float inv_n = 1.0f / static_cast<float>(n);
   const int64_t nchunks = chunks_for(m, n);
-  const bool partial = dw || db;
   std::vector<float> dw_part(dw ? nchunks * n : 0, 0.f), db_part(db ? nchunks * n : 0, 0.f);
+  const std::vector<float> ones(w ? 0 : n, 1.f), zeros(dap ? 0 : n, 0.f);
+  const float* wv = w ? w : ones.data();
+  const bool stream = stream_output(m * n, sizeof(T));
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    std::vector<float> buf(5 * n);
-    float *xb = buf.data(), *dyb = xb + n, *gb = dyb + n, *ob = gb + n, *ab = ob + n;
+    // Per thread: float rows (16-bit inputs) and scratch partials for grads nobody asked for.
+    std::vector<T> tbuf(std::is_same_v<T, float> && !stream ? 0 : n);
+    std::vector<float> buf(7 * n, 0.f);
+    float *xb = buf.data(), *dyb = xb + n, *ob = dyb + n, *ab = ob + n, *sw = ab + n, *sb = sw + n;
+    float* gb = sb + n;
     for (int64_t c = cbegin; c < cend; ++c) {
-      float* pw = dw ? dw_part.data() + c * n : nullptr;
-      float* pb = db ? db_part.data() + c * n : nullptr;
+      float* pw = dw ? dw_part.data() + c * n : sw;
+      float* pb = db ? db_part.data() + c * n : sb;
       for (int64_t i = c * m / nchunks; i < (c + 1) * m / nchunks; ++i) {
         const float* xr = row_as_float<T>(xp + i * n, xb, n);
         const float* dyr = row_as_float<T>(dyp + i * n, dyb, n);
+        const float* ar = dap ? row_as_float<T>(dap + i * n, ab, n) : zeros.data();
         const float mu = mp[i], r = rsp[i];
-        float* g = gb;
-        if (w) {
+        // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
+        // where it should be (e.g. N = 1) even when the compiler contracts into FMAs.
+        float s_gx = 0.f, s_g = 0.f;  // sum(g * xhat), sum(g)
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) g[j] = dyr[j] * w[j];
-        } else {
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) g[j] = dyr[j];
-        }
-        float s_gx = 0.f, s_g = 0.f;
+        for (int64_t j = 0; j < n; ++j) gb[j] = dyr[j] * wv[j];
 #pragma omp simd reduction(+ : s_gx, s_g)
         for (int64_t j = 0; j < n; ++j) {
-          s_gx += g[j] * (xr[j] - mu) * r;
-          s_g += g[j];
+          s_gx += gb[j] * (xr[j] - mu) * r;
+          s_g += gb[j];
         }
         const float c1 = s_gx * inv_n, c2 = s_g * inv_n;
-        float* dxr = out_row<T>(dxp + i * n, ob);
-        if (dap) {
-          const float* ar = row_as_float<T>(dap + i * n, ab, n);
+        float* dxr = out_row<T>(dxp + i * n, ob, stream);
+        // one pass: dx, and this chunk's weight/bias gradient partials
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) dxr[j] = r * (g[j] - c2 - (xr[j] - mu) * r * c1) + ar[j];
-        } else {
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) dxr[j] = r * (g[j] - c2 - (xr[j] - mu) * r * c1);
+        for (int64_t j = 0; j < n; ++j) {
+          const float xhat = (xr[j] - mu) * r;
+          dxr[j] = r * (gb[j] - c2 - xhat * c1) + ar[j];
+          pw[j] += dyr[j] * xhat;
+          pb[j] += dyr[j];
         }
-        commit_row<T>(dxr, dxp + i * n, n);
-        if (pw) {
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) pw[j] += dyr[j] * (xr[j] - mu) * r;
-        }
-        if (pb) {
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) pb[j] += dyr[j];
-        }
+        commit_row<T>(dxr, dxp + i * n, n, stream, tbuf.data());
       }
     }
+    if (stream) stream_fence();
   });
-  if (partial) {
-    if (dw) reduce_partials(dw_part.data(), nchunks, n, dw);
-    if (db) reduce_partials(db_part.data(), nchunks, n, db);
-  }
+  if (dw) reduce_partials(dw_part.data(), nchunks, n, dw);
+  if (db) reduce_partials(db_part.data(), nchunks, n, db);
 }
 
 // RMSNorm. llama_cast: y = round(round(x * rstd) * w) (HF LlamaRMSNorm: normalize in fp32, cast to
@@ -176,8 +169,13 @@ void rms_norm_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& res
   T* yp = y.data_ptr<T>();
   float* rsp = rstd.data_ptr<float>();
   const float inv_n = 1.0f / static_cast<float>(n);
+  const bool stream = stream_output(m * n, sizeof(T));
+  const bool round_n = llama_cast && !std::is_same_v<T, float>;
+  const std::vector<float> ones(w ? 0 : n, 1.f);
+  const float* wv = w ? w : ones.data();
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(3 * n);
+    std::vector<float> buf(2 * n + kTile);
+    std::vector<T> tbuf(std::is_same_v<T, float> ? 0 : kTile);
     for (int64_t i = begin; i < end; ++i) {
       const float* xr = load_input_row<T>(xp, rp, sp, i, n, buf.data(), buf.data() + n);
       float ss = 0.f;
@@ -185,24 +183,24 @@ void rms_norm_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& res
       for (int64_t j = 0; j < n; ++j) ss += xr[j] * xr[j];
       const float r = 1.0f / std::sqrt(ss * inv_n + static_cast<float>(eps));
       rsp[i] = r;
-      float* yr = out_row<T>(yp + i * n, buf.data() + 2 * n);
-      if (llama_cast && !std::is_same_v<T, float>) {
+      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+        const int64_t len = std::min(kTile, n - j0);
+        const float *xt = xr + j0, *wt = wv + j0;
+        float* yt = out_row<T>(yp + i * n + j0, buf.data() + 2 * n, stream);
+        if (round_n) {  // HF llama: round the normalized value to T before the weight
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * r;
-        round_through<T>(yr, yp + i * n, n);
-        if (w) {
+          for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r;
+          round_through<T>(yt, tbuf.data(), len);
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) yr[j] *= w[j];
+          for (int64_t j = 0; j < len; ++j) yt[j] *= wt[j];
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r * wt[j];
         }
-      } else if (w) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * r * w[j];
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * r;
+        commit_row<T>(yt, yp + i * n + j0, len, stream, tbuf.data());
       }
-      commit_row<T>(yr, yp + i * n, n);
     }
+    if (stream) stream_fence();
   });
 }
 
@@ -219,48 +217,46 @@ void rms_norm_bwd_impl(const at::Tensor& dy, const at::Tensor& x, const float* w
   const int64_t nchunks = chunks_for(m, n);
   std::vector<float> dw_part(dw ? nchunks * n : 0, 0.f);
   const bool round_n = llama_cast && !std::is_same_v<T, float>;
+  const std::vector<float> ones(w ? 0 : n, 1.f), zeros(dap ? 0 : n, 0.f);
+  const float* wv = w ? w : ones.data();
+  const bool stream = stream_output(m * n, sizeof(T));
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    std::vector<float> buf(5 * n);
+    std::vector<T> tbuf(std::is_same_v<T, float> && !stream ? 0 : n);
+    std::vector<float> buf(6 * n, 0.f);
     std::vector<T> scratch(round_n ? n : 0);
-    float *xb = buf.data(), *dyb = xb + n, *nb = dyb + n, *ob = nb + n, *ab = ob + n;
+    float *xb = buf.data(), *dyb = xb + n, *nb = dyb + n, *ob = nb + n, *ab = ob + n, *sw = ab + n;
     for (int64_t c = cbegin; c < cend; ++c) {
-      float* pw = dw ? dw_part.data() + c * n : nullptr;
+      float* pw = dw ? dw_part.data() + c * n : sw;
       for (int64_t i = c * m / nchunks; i < (c + 1) * m / nchunks; ++i) {
         const float* xr = row_as_float<T>(xp + i * n, xb, n);
         const float* dyr = row_as_float<T>(dyp + i * n, dyb, n);
+        const float* ar = dap ? row_as_float<T>(dap + i * n, ab, n) : zeros.data();
         const float r = rsp[i];
         float s = 0.f;
-        if (w) {
 #pragma omp simd reduction(+ : s)
-          for (int64_t j = 0; j < n; ++j) s += dyr[j] * w[j] * xr[j];
-        } else {
-#pragma omp simd reduction(+ : s)
-          for (int64_t j = 0; j < n; ++j) s += dyr[j] * xr[j];
-        }
+        for (int64_t j = 0; j < n; ++j) s += dyr[j] * wv[j] * xr[j];
         const float c1 = s * r * r * inv_n;  // mean(dn * n_hat) / rstd, with n_hat = x * rstd
-        float* dxr = out_row<T>(dxp + i * n, ob);
-        const float* ar = dap ? row_as_float<T>(dap + i * n, ab, n) : nullptr;
-        if (w) {
+        float* dxr = out_row<T>(dxp + i * n, ob, stream);
+        if (!round_n) {  // one pass: dx and the weight-gradient partial (n_hat = x * rstd)
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) dxr[j] = r * (dyr[j] * w[j] - xr[j] * c1);
-        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            dxr[j] = r * (dyr[j] * wv[j] - xr[j] * c1) + ar[j];
+            pw[j] += dyr[j] * xr[j] * r;
+          }
+        } else {  // HF llama: the weight saw n_hat rounded to the input dtype
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) dxr[j] = r * (dyr[j] - xr[j] * c1);
-        }
-        if (ar) {
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) dxr[j] += ar[j];
-        }
-        commit_row<T>(dxr, dxp + i * n, n);
-        if (pw) {
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) nb[j] = xr[j] * r;
-          if (round_n) round_through<T>(nb, scratch.data(), n);
+          for (int64_t j = 0; j < n; ++j) {
+            dxr[j] = r * (dyr[j] * wv[j] - xr[j] * c1) + ar[j];
+            nb[j] = xr[j] * r;
+          }
+          round_through<T>(nb, scratch.data(), n);
 #pragma omp simd
           for (int64_t j = 0; j < n; ++j) pw[j] += dyr[j] * nb[j];
         }
+        commit_row<T>(dxr, dxp + i * n, n, stream, tbuf.data());
       }
     }
+    if (stream) stream_fence();
   });
   if (dw) reduce_partials(dw_part.data(), nchunks, n, dw);
 }

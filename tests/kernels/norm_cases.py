@@ -92,3 +92,17 @@ def run_interpreted(case_name: str) -> int:
     args[0] = with_nonfinite(args[0])
     case.check("triton", (3, 6), torch.float32, args=args, backward=False)
     return count + 2
+
+
+def run_cpu_streaming() -> int:
+    """CPU checks with every output streamed (run with FUSIONLENS_CPU_STREAM_BYTES=0): the
+    non-temporal store path, its column tiles (N > 1024) and unaligned row starts."""
+    from tests.kernels.numerics import DTYPES
+
+    count = 0
+    for name in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "rms_norm_plain"):
+        for dtype in DTYPES:
+            for shape in ((5, 2051), (3, 17)):
+                CASES[name].check("cpu", shape, dtype)
+                count += 1
+    return count

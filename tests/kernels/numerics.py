@@ -168,7 +168,7 @@ def assert_matches(ours: Sequence[Any], eager: Sequence[Any], truth: Sequence[An
         assert_same_nonfinite(o, t, what)
         err_o, err_e = max_err(o, t), max_err(e, t)
         finite_t = t[torch.isfinite(t)]
-        scale = max(1.0, float(finite_t.abs().max())) if finite_t.numel() else 1.0
+        scale = max(1.0, float(finite_t.detach().abs().max())) if finite_t.numel() else 1.0
         atol = atol_eps * eps(dtype) * scale
         if not err_o <= factor * err_e + atol:
             raise AssertionError(f"{what} ({dtype}, shape {tuple(o.shape)}): max error {err_o:.3g} vs "

@@ -186,3 +186,19 @@ def test_inference_path_skips_autograd() -> None:
     assert y.grad_fn is None
     truth = norms.layer_norm_reference(to_f64(x))
     assert torch.allclose(y.double(), truth, atol=1e-5)
+
+
+def test_streamed_outputs_path_matches_float64() -> None:
+    """Large outputs use non-temporal stores; force that path on small shapes in a subprocess."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.kernels.numerics import REPO_ROOT
+
+    env = dict(os.environ, FUSIONLENS_CPU_STREAM_BYTES="0", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-c", "from tests.kernels.norm_cases import run_cpu_streaming; "
+                           "print('checks', run_cpu_streaming())"], cwd=REPO_ROOT, env=env, text=True,
+                          capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "30"
