@@ -44,6 +44,23 @@ def copy_bandwidth_gb_per_s(threads: int, rounds: int = 7) -> float:
     return 2 * x.numel() * 4 / percentiles(t.wall_s["copy"])[1] / 1e9
 
 
+def _git_rev() -> str:
+    """Short commit of the code being measured (+ "-dirty" with local changes), for the notes."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                             capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels"], cwd=ROOT, text=True,
+                               capture_output=True, timeout=10).stdout.strip()
+        return (rev or "unknown") + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+REV = _git_rev()
+
+
 def _auto_inner(fn, target_s: float = 0.02) -> int:
     t0 = time.perf_counter()
     fn()
@@ -78,7 +95,7 @@ def _shape(case: dict) -> str:
 def run_case(case: dict, threads: int, bw_gb_per_s: float, rounds: int, use_compile: bool) -> list[dict]:
     """Benchmark one case; print its table; return its CSV rows."""
     malloc = os.environ.get("GLIBC_TUNABLES", "glibc-default")
-    notes = f"threads={threads}; malloc={malloc}; {case.get('notes', '')}".strip("; ")
+    notes = f"threads={threads}; malloc={malloc}; rev={REV}; {case.get('notes', '')}".strip("; ")
     rows: list[dict] = []
     variants = dict(case["variants"])
     extra: list[list] = []
