@@ -7,7 +7,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture clean
+# Wheels the GPU machine's image lacks (it has torch, triton, pandas, pyarrow); carried as .whl/.
+GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.4.0
+
+.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,3 +56,9 @@ bench-capture: $(DEVSTAMP)
 
 clean:
 	rm -rf $(VENV) .fusionlens .pytest_cache
+
+gpu-wheels: $(PY)
+	mkdir -p .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(GPU_WHEELS)
