@@ -6,7 +6,7 @@
 // Eager runs up to four passes (mul, add, masked_fill, softmax), each writing a full-size
 // intermediate; this reads x (and the mask) once and writes the output once. One row per task
 // (at::parallel_for, OpenMP), fp32 math in an L1/L2-resident row buffer, `omp simd` loops with
-// libmvec's vector exp. Semantics follow eager exactly where it matters: a row whose every
+// an inline polynomial exp. Semantics follow eager exactly where it matters: a row whose every
 // element is -inf (fully masked) gives NaN, NaN/+Inf in a row make the row NaN; causal-masked
 // positions get 0 (NaN if the row is NaN) and a zero gradient (as masked_fill's backward gives).
 #include <torch/extension.h>
@@ -22,11 +22,6 @@
 #include <vector>
 
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
-extern "C" {
-float expf(float) __attribute__((__simd__("notinbranch")));
-}
-#endif
 
 namespace {
 
@@ -36,36 +31,63 @@ inline void load_f(const T* src, float* dst, int64_t n) { fusionlens::to_float<T
 template <typename T>
 inline void store_f(const float* src, T* dst, int64_t n) { fusionlens::from_float<T>(src, dst, n); }
 
+// exp for arguments <= 0 (here s - max), inline so the simd loop makes no library call: Cephes'
+// expf polynomial (about 2 ulp). Below -87 (-inf included) it gives exactly 0; NaN stays NaN.
+inline float exp_nonpos(float x_in) {
+  const float x = x_in < -87.0f ? -87.0f : x_in;
+  const float n = std::rint(x * 1.44269504088896341f);  // x = n ln2 + r, |r| <= ln2 / 2
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x_in < -87.0f ? 0.0f : p * scale;
+}
+
 // ---- row primitives on fp32 (plain pointer loops: what the vectorizer handles best) --------
-// s = s * sc (+ mr); returns max(s).
-inline float scale_add_max(float* __restrict s, const float* __restrict mr, int64_t n, float sc) {
+// max(x * sc (+ mr)): a read-only pass (the output is first written by exp_sum, as ATen does).
+inline float logit_max(const float* __restrict x, const float* __restrict mr, int64_t n, float sc) {
   float m = -std::numeric_limits<float>::infinity();
   if (mr != nullptr) {
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < n; ++j) {
-      float v = s[j] * sc + mr[j];
-      s[j] = v;
+      float v = x[j] * sc + mr[j];
       m = v > m ? v : m;
     }
   } else {
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < n; ++j) {
-      float v = s[j] * sc;
-      s[j] = v;
+      float v = x[j] * sc;
       m = v > m ? v : m;
     }
   }
   return m;
 }
 
-// s = exp(s - m); returns sum(s).
-inline float exp_sum(float* __restrict s, int64_t n, float m) {
+// s = exp(x * sc (+ mr) - m); returns sum(s). x may be s itself.
+inline float exp_sum(const float* x, float* s, const float* __restrict mr, int64_t n, float sc, float m) {
   float sum = 0.0f;
+  if (mr != nullptr) {
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    float v = expf(s[j] - m);
-    s[j] = v;
-    sum += v;
+    for (int64_t j = 0; j < n; ++j) {
+      float v = exp_nonpos(x[j] * sc + mr[j] - m);
+      s[j] = v;
+      sum += v;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      float v = exp_nonpos(x[j] * sc - m);
+      s[j] = v;
+      sum += v;
+    }
   }
   return sum;
 }
@@ -135,7 +157,13 @@ void fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& mask, at::Te
       float* s;  // the row in fp32: the output itself for float, else a buffer
       if constexpr (std::is_same_v<T, float>) s = orow; else s = rowbuf.data();
       const int64_t lim = visible(r, n, sq, causal);
-      load_f(xr, s, lim);
+      const float* xf;  // the row's logits as fp32: x itself for float (read once, in the first pass)
+      if constexpr (std::is_same_v<T, float>) {
+        xf = xr;
+      } else {
+        load_f(xr, s, lim);
+        xf = s;
+      }
       const float* mr = nullptr;
       if (mp != nullptr) {
         if constexpr (std::is_same_v<M, float>) {
@@ -145,8 +173,8 @@ void fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& mask, at::Te
           mr = mbuf.data();
         }
       }
-      const float m = scale_add_max(s, mr, lim, sc);
-      const float sum = lim == 0 ? 0.0f : exp_sum(s, lim, m);  // lim 0: 0/0 = NaN, like eager
+      const float m = logit_max(xf, mr, lim, sc);
+      const float sum = lim == 0 ? 0.0f : exp_sum(xf, s, mr, lim, sc, m);  // lim 0: 0/0 = NaN, like eager
       const float inv = 1.0f / sum;
       if (lim == 0) {
         for (int64_t j = 0; j < n; ++j) s[j] = std::numeric_limits<float>::quiet_NaN();
