@@ -53,7 +53,7 @@ def check_param(p: torch.Tensor, name: str) -> None:
         raise OptimizerError(f"{name} does not support complex parameters")
 
 
-def grad_like_param(p: torch.Tensor, maximize: bool = False) -> torch.Tensor:
+def grad_like_param(p: torch.Tensor) -> torch.Tensor:
     """p.grad in p's exact layout (copied only when the strides differ)."""
     g = p.grad
     if g.stride() != p.stride() or g.dtype != p.dtype:
