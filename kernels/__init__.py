@@ -4,46 +4,30 @@ Public API (stable names; each function takes an optional `provider=` keyword):
 layer_norm, rms_norm, add_layer_norm, add_rms_norm, bias_gelu, gelu, swiglu, geglu, softmax,
 rope, cross_entropy, fused_linear_cross_entropy, AdamW, LAMB, KERNELS, available_providers.
 
-Names resolve lazily (PEP 562), so `import kernels` compiles nothing and imports no kernel
-family until it is used.
+Importing the package imports every kernel family module (they import only torch and the
+registry) but compiles nothing and queries no device: the C++ extension is built on the first
+call of a `cpu` provider and Triton is imported on the first `triton` call. The names are bound
+here after the submodules are imported, so `kernels.softmax` is the function even though a
+submodule of that name exists.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from kernels.registry import KERNELS, available_providers
+from kernels.norms import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from kernels.activations import bias_gelu, geglu, gelu, swiglu
+from kernels.softmax import softmax
+from kernels.rope import rope
+from kernels.cross_entropy import cross_entropy, fused_linear_cross_entropy
+from kernels.optim import LAMB, AdamW
 
-_LAZY: dict[str, str] = {
-    "layer_norm": "kernels.norms",
-    "rms_norm": "kernels.norms",
-    "add_layer_norm": "kernels.norms",
-    "add_rms_norm": "kernels.norms",
-    "bias_gelu": "kernels.activations",
-    "gelu": "kernels.activations",
-    "swiglu": "kernels.activations",
-    "geglu": "kernels.activations",
-    "softmax": "kernels.softmax",
-    "rope": "kernels.rope",
-    "cross_entropy": "kernels.cross_entropy",
-    "fused_linear_cross_entropy": "kernels.cross_entropy",
-    "AdamW": "kernels.optim",
-    "LAMB": "kernels.optim",
-}
-FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(_LAZY.values()))
+FAMILIES: tuple[str, ...] = ("kernels.norms", "kernels.activations", "kernels.softmax",
+                             "kernels.rope", "kernels.cross_entropy", "kernels.optim")
 
-__all__ = sorted([*_LAZY, "KERNELS", "available_providers", "load_all"])
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "gelu",
+           "swiglu", "geglu", "softmax", "rope", "cross_entropy", "fused_linear_cross_entropy",
+           "AdamW", "LAMB", "KERNELS", "available_providers", "load_all"]
 
 
 def load_all() -> dict:
-    """Import every kernel family so that KERNELS is complete; returns KERNELS."""
-    for module in FAMILIES:
-        importlib.import_module(module)
+    """Every kernel family is registered on import; returns KERNELS (kept for callers)."""
     return KERNELS

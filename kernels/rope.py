@@ -23,8 +23,6 @@ eager runs x*cos, slice/neg/cat (rotate_half), *sin and + (about 11ne of traffic
 """
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 import torch
@@ -180,14 +178,3 @@ class RotaryEmbedding(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope(q, k, cos, sin, provider=self.provider)
-
-
-class _CallableModule(types.ModuleType):
-    """`kernels.rope` names both this module and the public function: importing the submodule
-    rebinds the package attribute to the module, so the module itself must call like the function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return rope(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

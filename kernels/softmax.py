@@ -24,8 +24,6 @@ also writes and re-reads x * scale, + mask and the filled copy (up to 8ne).
 """
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 import torch
@@ -209,14 +207,3 @@ class Softmax(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return softmax(x, self.dim, self.scale, mask, self.causal, provider=self.provider)
-
-
-class _CallableModule(types.ModuleType):
-    """`kernels.softmax` names both this module and the public function: importing the submodule
-    rebinds the package attribute to the module, so the module itself must call like the function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return softmax(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
