@@ -1,0 +1,129 @@
+"""The autograd Function behind every fused norm provider (see `kernels.norms`).
+
+`_FusedNorm` flattens [..., N] to contiguous [M, N] rows, allocates outputs with
+`registry.new_output` (poisonable in tests) and calls a provider's four ops, which share the C++
+signatures of `kernels/csrc/norms.cpp`: `torch.ops.fusionlens.{layer,rms}_norm_{fwd,bwd}` for
+"cpu", `kernels.triton_norms` for "triton". `apply_norm` skips autograd when no gradient is needed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernels.registry import new_output
+
+
+def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """[..., N] -> contiguous [M, N] (a view when already contiguous)."""
+    if t is None:
+        return None
+    rows = 1
+    for d in t.shape[:-1]:
+        rows *= d
+    return t.reshape(rows, n).contiguous()
+
+
+class _FusedNorm(torch.autograd.Function):
+    """y = norm(x [+ residual]) by a provider's ops (`ops.*_fwd/_bwd`, the C++ op signatures).
+
+    kind: "ln" or "rms". Returns y, or (sum, y) when a residual is given. Saves the normalized
+    input ([M, N], the sum when fused with the add) and fp32 mean/rstd per row.
+    """
+
+    @staticmethod
+    def run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast):
+        """The forward pass alone: (outputs, x2, sum [M, N] or empty, mean, rstd)."""
+        shape, n = x.shape, x.shape[-1]
+        x2, r2 = _rows(x, n), _rows(residual, n)
+        m = x2.shape[0]
+        y = new_output((m, n), x2)
+        s = new_output((m, n), x2) if r2 is not None else x2.new_empty(0)
+        rstd = new_output((m,), x2, torch.float32)
+        mean = new_output((m,), x2, torch.float32) if kind == "ln" else None
+        b32 = None if bias is None else bias.float().contiguous()
+        if x2.numel():
+            if kind == "ln":
+                ops.layer_norm_fwd(x2, r2, w_eff, b32, eps, y, s, mean, rstd)
+            else:
+                ops.rms_norm_fwd(x2, r2, w_eff, eps, llama_cast, y, s, rstd)
+        y = y.view(shape)
+        outs = (s.view(shape), y) if r2 is not None else y
+        return outs, x2, s, mean, rstd
+
+    @staticmethod
+    def forward(ctx, ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+        shape = x.shape
+        outs, x2, s, mean, rstd = _FusedNorm.run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast)
+        r2 = residual
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(s if r2 is not None else x2, w_eff, mean, rstd)
+        ctx.meta = (ops, kind, shape, llama_cast, r2 is not None,
+                    None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ops, kind, shape, llama_cast, fused_add, w_dtype, b_dtype = ctx.meta
+        src, w_eff, mean, rstd = ctx.saved_tensors
+        dsum, dy = grads if fused_add else (None, grads[0])
+        m, n = src.shape
+        need_x, need_r, need_w, need_b = (ctx.needs_input_grad[i] for i in (2, 3, 4, 5))
+        dw = new_output((n,), src, torch.float32) if need_w else src.new_empty(0, dtype=torch.float32)
+        db = new_output((n,), src, torch.float32) if need_b else src.new_empty(0, dtype=torch.float32)
+        if dy is None:  # only the sum was used downstream
+            dx = dsum.reshape(shape) if dsum is not None else None
+            dw, db = dw.zero_(), db.zero_()
+        else:
+            dy2, da2 = _rows(dy, n), _rows(dsum, n)
+            dx = new_output((m, n), src)
+            if src.numel() == 0:
+                dw, db = dw.zero_(), db.zero_()
+            elif kind == "ln":
+                ops.layer_norm_bwd(dy2, src, w_eff, mean, rstd, da2, dx, dw, db)
+            else:
+                ops.rms_norm_bwd(dy2, src, w_eff, rstd, da2, llama_cast, dx, dw)
+            dx = dx.view(shape)
+        grad_w = dw.to(w_dtype) if need_w else None
+        grad_b = db.to(b_dtype) if need_b else None
+        return (None, None, dx if need_x else None, dx if need_r else None, grad_w, grad_b,
+                None, None, None)
+
+
+_NORM_OPS = ("layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd")
+
+
+def _cpu_ops():
+    from kernels._build import load_cpu_ops
+
+    load_cpu_ops()
+    for op in _NORM_OPS:  # the ops only write into given outputs: their fake kernel does nothing,
+        try:             # which lets torch.compile / FakeTensor trace through them
+            torch.library.register_fake(f"fusionlens::{op}")(_no_fake_output)
+        except RuntimeError:  # already registered (e.g. module reloaded)
+            pass
+    return torch.ops.fusionlens
+
+
+def _no_fake_output(*args, **kwargs) -> None:
+    return None
+
+
+def _triton_ops():
+    from kernels import triton_norms
+
+    return triton_norms
+
+
+_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
+_OPS_CACHE: dict[str, Any] = {}
+
+
+def apply_norm(provider, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+    """Run the fused norm; skip autograd bookkeeping when no gradient is needed (inference)."""
+    ops = _OPS_CACHE.get(provider)
+    if ops is None:
+        ops = _OPS_CACHE[provider] = _OPS[provider]()
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
+        return _FusedNorm.apply(ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast)
+    return _FusedNorm.run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast)[0]
