@@ -20,12 +20,14 @@ compute, not bytes).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.providers import provider_ops
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 # Activation codes shared with the C++ and Triton kernels.
@@ -63,27 +65,7 @@ def geglu_reference(a: torch.Tensor, b: torch.Tensor, approximate: str = "none")
 
 
 # ---------------------------------------------------------------- provider ops (C++ or Triton)
-def _cpu_ops() -> Any:
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    return torch.ops.fusionlens
-
-
-def _triton_ops() -> Any:
-    from kernels import triton_activations
-
-    return triton_activations
-
-
-_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
-_OPS_CACHE: dict[str, Any] = {}
-
-
-def _ops(provider: str) -> Any:
-    if provider not in _OPS_CACHE:
-        _OPS_CACHE[provider] = _OPS[provider]()
-    return _OPS_CACHE[provider]
+_ops = functools.partial(provider_ops, triton_module="kernels.triton_activations")
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:

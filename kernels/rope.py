@@ -23,11 +23,13 @@ eager runs x*cos, slice/neg/cat (rotate_half), *sin and + (about 11ne of traffic
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
+from kernels.providers import provider_ops
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
@@ -51,27 +53,7 @@ def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 
 # ---------------------------------------------------------------- provider ops (C++ or Triton)
-def _cpu_ops() -> Any:
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    return torch.ops.fusionlens
-
-
-def _triton_ops() -> Any:
-    from kernels import triton_rope
-
-    return triton_rope
-
-
-_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
-_OPS_CACHE: dict[str, Any] = {}
-
-
-def _ops(provider: str) -> Any:
-    if provider not in _OPS_CACHE:
-        _OPS_CACHE[provider] = _OPS[provider]()
-    return _OPS_CACHE[provider]
+_ops = functools.partial(provider_ops, triton_module="kernels.triton_rope")
 
 
 def _table(t: torch.Tensor) -> torch.Tensor:

@@ -24,11 +24,12 @@ also writes and re-reads x * scale, + mask and the filled copy (up to 8ne).
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 import torch
 from torch import nn
 
+from kernels.providers import provider_ops
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
@@ -53,27 +54,7 @@ def softmax_reference(x: torch.Tensor, dim: int = -1, scale: float = 1.0,
 
 
 # ---------------------------------------------------------------- provider ops (C++ or Triton)
-def _cpu_ops() -> Any:
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    return torch.ops.fusionlens
-
-
-def _triton_ops() -> Any:
-    from kernels import triton_softmax
-
-    return triton_softmax
-
-
-_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
-_OPS_CACHE: dict[str, Any] = {}
-
-
-def _ops(provider: str) -> Any:
-    if provider not in _OPS_CACHE:
-        _OPS_CACHE[provider] = _OPS[provider]()
-    return _OPS_CACHE[provider]
+_ops = functools.partial(provider_ops, triton_module="kernels.triton_softmax")
 
 
 def _expanded_mask(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -1,0 +1,25 @@
+"""Where a provider's compiled ops live, resolved lazily and cached.
+
+`cpu`: the one C++ extension's `torch.ops.fusionlens` namespace (built on first use);
+`triton`: the kernel family's Triton module (imported on first use, so Triton stays optional).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def provider_ops(provider: str, triton_module: str) -> Any:
+    """The namespace holding `provider`'s ops for a family whose Triton code is `triton_module`."""
+    if provider == "cpu":
+        from kernels._build import load_cpu_ops
+
+        load_cpu_ops()
+        return torch.ops.fusionlens
+    if provider == "triton":
+        return importlib.import_module(triton_module)
+    raise ValueError(f"provider {provider!r} has no compiled ops")
