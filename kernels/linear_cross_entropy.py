@@ -159,7 +159,7 @@ SPEC = register_kernel(KernelSpec(
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                               bias: torch.Tensor | None = None, *, chunk_size: int | None = None,
+                               bias: torch.Tensor | None = None, chunk_size: int | None = None, *,
                                ignore_index: int = -100, label_smoothing: float = 0.0,
                                reduction: str = "mean", provider: str | None = None) -> torch.Tensor:
     """cross_entropy(x @ weight.T + bias, target) without materialising the logits.
