@@ -22,7 +22,8 @@ NAME_WIDTH = 70
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help=".json/.json.gz trace, a directory or .zip of them; several files = several ranks")
+                   help=".json/.json.gz trace, a directory or .zip of them (several files = several ranks), "
+                        "or a saved Trace folder / capture --out folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="write every analysis as versioned JSON to OUT")
     p.add_argument("--compare", nargs="+", metavar="OTHER", help="trace file(s) to diff against (B vs A=TRACE)")
     p.add_argument("--top", type=int, default=TOP_KERNELS, help=f"kernels to list (default {TOP_KERNELS})")
@@ -32,9 +33,29 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse traces that decompress to more than this (default 4)")
 
 
-def _load(paths: list[str], max_gb: float):
-    from profiler.trace import load_trace
+def saved_trace_folder(path: str) -> Path | None:
+    """The saved-Trace folder (Parquet + meta.json, as `capture` writes) that `path` names: the
+    folder itself or a capture's `--out` folder holding one under `trace/`; None otherwise."""
+    p = Path(path)
+    for folder in (p, p / "trace"):
+        if (folder / "events.parquet").is_file() and (folder / "meta.json").is_file():
+            return folder
+    return None
 
+
+def _load(paths: list[str], max_gb: float):
+    """Trace files (JSON, one per rank) through ingestion, or one saved Trace folder as it is (a
+    capture's Parquet Trace keeps its joined FLOPs and bytes, which its Kineto JSON lacks)."""
+    from profiler.trace import load_trace
+    from profiler.trace.model import TraceError
+
+    saved = [f for f in map(saved_trace_folder, paths) if f is not None]
+    if saved:
+        if len(paths) > 1:
+            raise TraceError(f"{saved[0]}: a saved Trace folder (Parquet) must be given alone, not with other traces")
+        from profiler.capture.artifacts import load_saved_trace
+
+        return load_saved_trace(saved[0])
     return load_trace(paths[0] if len(paths) == 1 else list(paths), max_decompressed_bytes=int(max_gb * (1 << 30)))
 
 
@@ -51,17 +72,37 @@ def _pct(x: Any) -> str:
     return "n/a (no communication)" if x is None else f"{x:.0f}%"
 
 
+def _top_cpu_ops(report: dict[str, Any], top: int) -> list[str]:
+    """The ops with the most CPU self time (from the attribution op table), for traces without GPU work."""
+    table = ((report.get("analyses") or {}).get("attribution") or {}).get("ops") or {}
+    rows = sorted(table.get("records") or [], key=lambda r: -(r.get("cpu_self_us") or 0.0))
+    rows = [r for r in rows if (r.get("cpu_self_us") or 0.0) > 0][:top]
+    if not rows:
+        return []
+    out = ["", f"top CPU ops by self time (of {table.get('total_rows', len(rows)):,} ops):",
+           f"  {'self µs':>12} {'total µs':>12} {'calls':>8}  name"]
+    for r in rows:
+        out.append(f"  {r['cpu_self_us']:>12,.1f} {r.get('cpu_total_us') or 0.0:>12,.1f} {r.get('calls') or 0:>8,}  "
+                   f"{_short(r['name'])}")
+    return out
+
+
 def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
     """The terminal summary, built from the report dict only (so it shows what the JSON holds)."""
     t = report["trace"]
     lines = [f"trace: {', '.join(t['sources'])}  ranks: {t['ranks']}  events: {t['events']:,}"]
     kb = report.get("kernel_breakdown") or []
     total = sum(r["total_us"] for r in kb) or 0.0
-    lines += ["", f"top kernels (of {len(kb):,} names, {total:,.0f} µs of GPU time):",
-              f"  {'total µs':>12} {'share':>6} {'count':>8}  {'type':<13} name"]
-    for r in kb[:top]:
-        share = r["total_us"] / total if total else 0.0
-        lines.append(f"  {r['total_us']:>12,.1f} {share:>6.1%} {r['count']:>8,}  {str(r['kernel_type']):<13} {_short(r['name'])}")
+    if kb:
+        lines += ["", f"top kernels (of {len(kb):,} names, {total:,.0f} µs of GPU time):",
+                  f"  {'total µs':>12} {'share':>6} {'count':>8}  {'type':<13} name"]
+        for r in kb[:top]:
+            share = r["total_us"] / total if total else 0.0
+            lines.append(f"  {r['total_us']:>12,.1f} {share:>6.1%} {r['count']:>8,}  "
+                         f"{str(r['kernel_type']):<13} {_short(r['name'])}")
+    else:
+        lines += ["", "no GPU activity (kernels, memcpy, memset) in this trace: a CPU-only run; GPU views are empty"]
+        lines += _top_cpu_ops(report, top)
     ktb = report.get("kernel_type_breakdown") or {}
     if ktb:
         lines += ["", "kernel types: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in ktb.items())]

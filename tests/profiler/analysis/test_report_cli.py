@@ -116,3 +116,23 @@ def test_bench_analyses_script_runs_small(tmp_path):
                         "--rounds", "1", "--no-csv"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "all analyses / ingestion" in p.stdout and "attribution" in p.stdout
+
+
+def test_cli_on_a_cpu_only_capture_folder_and_its_kineto_json(tmp_path):
+    """`capture --out DIR` then `analyze DIR`: the saved Parquet Trace loads (with its joined
+    FLOPs), a CPU-only run prints its top CPU ops and writes strict JSON; the Kineto JSON works too."""
+    cap = tmp_path / "cap"
+    p = subprocess.run([sys.executable, "-m", "profiler", "capture", "mlp", "--size", "tiny", "--mode", "infer",
+                        "--steps", "2", "--wait", "0", "--warmup", "1", "--ceilings", "none", "--quiet",
+                        "--out", str(cap)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for target in (cap, cap / "trace", cap / "kineto_rank0.pt.trace.json"):
+        out = tmp_path / f"{target.name}.report.json"
+        p = analyze(str(target), "--json", str(out))
+        assert p.returncode == 0, p.stderr
+        assert "no GPU activity" in p.stdout and "top CPU ops by self time" in p.stdout and "aten::addmm" in p.stdout
+        r = strict_load(out)
+        assert r["errors"] == {} and r["kernel_breakdown"] == [] and isinstance(r["findings"], list)
+        assert r["comm_comp_overlap_pct"] == {"0": None}
+    p = analyze(str(cap), NCCL)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "alone" in p.stderr
