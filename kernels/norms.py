@@ -155,34 +155,59 @@ def _fp32_only(x, *args, **kwargs) -> str | None:
     return None if x.dtype == torch.float32 else "F.rms_norm rounds differently from HF below fp32"
 
 
-def _norm_cost(x, n_params: int, n_inputs: int, unfused_passes: int, flops_per_elem: float) -> Cost:
-    """Bytes: fused reads the inputs and params once and writes the outputs once (+fp32 stats)."""
-    e, s = x.numel(), x.element_size()
+def _norm_cost(x, weight, bias, residual: bool, kind: str, casting: str = "llama") -> Cost:
+    """FLOPs and bytes of one forward call on x [..., N] (per-row scalars of the eager chain aside).
+
+    Fused: read x (and the residual) and the parameters once, write y (and the sum) once, plus the
+    fp32 stats saved per row (LayerNorm: mean and rstd; RMSNorm: rstd).
+    Unfused: the traffic of the eager reference chain above, op by op, at its dtypes: the add
+    (read 2, write 1), the up-cast to fp32 below fp32 (read + write), then per full-size op its
+    reads and write (LN: mean(x), x - mean, pow, mean, x - mean again, * rstd, * w, + b;
+    RMS: pow, mean, * rstd, [cast back], * w), and the final cast back below fp32.
+    """
+    e = x.numel()
     n = x.shape[-1] if x.dim() else 1
     rows = e // max(n, 1)
-    # reads x (and residual), writes y (and the sum): 2 * n_inputs full tensors
-    fused = 2 * n_inputs * e * s + n_params * n * s + 2 * rows * 4
-    return Cost(flops=flops_per_elem * e, bytes_fused=float(fused),
-                bytes_unfused=float(fused + unfused_passes * e * s))
+    es = x.element_size()
+    fs = 4 if es < 4 else es  # the math dtype's size (`_up`)
+    has_w, has_b = weight is not None, bias is not None
+    params = sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
+    n_in = 2 if residual else 1
+    fused = (2 * n_in * e * es + params + (2 if kind == "ln" else 1) * rows * 4)
+    low = es < fs
+    unfused = 3 * e * es if residual else 0  # s = x + residual
+    unfused += e * (es + fs) if low else 0  # _up(x)
+    if kind == "ln":
+        unfused += e * fs * (1 + 2 + 2 + 1 + 2 + 2 + 2 * has_w + 2 * has_b) + params
+        unfused += e * (fs + es) if low else 0  # .to(x.dtype)
+        flops = (8.0 + has_w + has_b) * e
+    else:
+        unfused += e * fs * (2 + 1 + 2) + params  # pow, mean, * rstd
+        if casting == "llama":
+            unfused += e * (fs + es) if low else 0  # normed.to(x.dtype)
+            unfused += 2 * e * es * has_w  # (offset + w) * normed, in x's dtype
+        else:
+            unfused += 2 * e * fs * has_w  # normed * (offset + w.float())
+            unfused += e * (fs + es) if low else 0  # .to(x.dtype)
+        flops = (4.0 + has_w) * e
+    flops += e * residual
+    return Cost(flops=flops, bytes_fused=float(fused), bytes_unfused=float(unfused))
 
 
-# Unfused passes: extra full-tensor writes+reads the eager chain does (counted from the references:
-# LN: x-mean, pow, *rstd, *w, +b -> 4 intermediates written and read back = 8 passes;
-# RMS: float cast, pow, *rstd, cast back, *w -> 3 intermediates = 6 passes; add: + 0).
 def _ln_cost(x, weight=None, bias=None, eps=1e-5):
-    return _norm_cost(x, (weight is not None) + (bias is not None), 1, 8, 8.0)
+    return _norm_cost(x, weight, bias, False, "ln")
 
 
 def _rms_cost(x, weight=None, eps=1e-6, offset=0.0, casting=None):
-    return _norm_cost(x, int(weight is not None), 1, 6, 5.0)
+    return _norm_cost(x, weight, None, False, "rms", _casting(offset, casting))
 
 
 def _add_ln_cost(x, residual, weight=None, bias=None, eps=1e-5):
-    return _norm_cost(x, (weight is not None) + (bias is not None), 2, 10, 9.0)
+    return _norm_cost(x, weight, bias, True, "ln")
 
 
 def _add_rms_cost(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
-    return _norm_cost(x, int(weight is not None), 2, 8, 6.0)
+    return _norm_cost(x, weight, None, True, "rms", _casting(offset, casting))
 
 
 def _aten_ln(x, weight=None, bias=None, eps=1e-5):

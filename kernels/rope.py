@@ -18,8 +18,9 @@ grad_x1 = g1 * cos1 + g2 * sin2, grad_x2 = g2 * cos2 - g1 * sin1.
 Providers: "cpu" (`torch.ops.fusionlens.rope_apply`, `kernels/csrc/rope.cpp`), "triton"
 (`kernels/triton_rope.py`, same signature). No ATen op fuses this.
 
-Cost per tensor (n elements, e bytes): fused reads x and writes the output (2ne, + cos/sin once);
-eager runs x*cos, slice/neg/cat (rotate_half), *sin and + (about 11ne of traffic).
+Cost per tensor (n elements, e bytes; q and k each): fused reads x and writes the output (2ne,
++ cos and sin once); eager runs x*cos (2ne), neg of one half (ne), cat (2ne), *sin (2ne) and +
+(3ne): 10ne, + cos and sin once.
 """
 from __future__ import annotations
 
@@ -129,8 +130,8 @@ def _check(q, k, cos, sin) -> str | None:
 
 def _cost(q, k, cos, sin) -> Cost:
     n, e = q.numel() + k.numel(), q.element_size()
-    table = 2.0 * cos.numel() * cos.element_size()
-    return Cost(flops=3.0 * n, bytes_fused=2.0 * n * e + table, bytes_unfused=11.0 * n * e + table)
+    table = 2.0 * (cos.numel() * cos.element_size() + sin.numel() * sin.element_size())  # per q and k
+    return Cost(flops=3.0 * n, bytes_fused=2.0 * n * e + table, bytes_unfused=10.0 * n * e + table)
 
 
 ROPE_SPEC = register_kernel(KernelSpec(
