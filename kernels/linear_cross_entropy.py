@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, validate
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, register_kernel
+from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
 def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
@@ -40,7 +40,7 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
     scale = (1.0 / n_valid if n_valid else 0.0) if reduction == "mean" else 1.0
     want_grad = need_dx or need_dw or need_db
     acc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
-    dx = torch.empty_like(x) if need_dx else None
+    dx = new_output(x.shape, x) if need_dx else None  # poisonable: every chunk must write its rows
     dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_dw else None
     db = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if need_db else None
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
