@@ -107,6 +107,14 @@ def make_step(loaded: LoadedModel, plan: CapturePlan) -> Callable[[int], None]:
     return train_step
 
 
+_STEP_LABELS = {-1: "the first (unprofiled) step", -2: "the FLOPs/bytes counting step"}
+
+
+def step_label(i: int) -> str:
+    """How an error names step `i`: profiled steps by number, the two setup steps (-1, -2) in words."""
+    return _STEP_LABELS.get(i, f"step {i}")
+
+
 def guarded(spec: str, step_fn: Callable[[int], None]) -> Callable[[int], None]:
     """step_fn whose failures become one-line SpecErrors naming the spec and step."""
 
@@ -116,7 +124,7 @@ def guarded(spec: str, step_fn: Callable[[int], None]) -> Callable[[int], None]:
         except (SpecError, CaptureError, KeyboardInterrupt):
             raise
         except Exception as exc:
-            raise describe_failure(spec, f"step {i}", exc) from None
+            raise describe_failure(spec, step_label(i), exc) from None
 
     return run
 

@@ -46,3 +46,31 @@ def test_bad_arguments_exit_2(tmp_path):
     assert run("mlp", "--set", "nonsense", "--out", str(tmp_path)).returncode == 2
     assert run("mlp", "--steps", "0", "--out", str(tmp_path)).returncode == 2
     assert run("mlp", "--mode", "fly").returncode == 2
+
+
+def test_bad_input_through_the_cli_is_one_line_naming_spec_and_cause(tmp_path):
+    """What a user types, end to end: each failure is exit 2 and one stderr line (no traceback)
+    that names the spec and the cause; progress lines (`[i/n] ...`) are not errors."""
+    specs = {
+        "noimport.py": "import fusionlens_no_such_module\ndef build(): pass\n",
+        "wrong.py": "def build(): return 42\n",
+        "raises.py": "def build(): raise ValueError('boom in build')\n",
+        "stepfails.py": ("import torch\nclass M(torch.nn.Module):\n    def forward(self, x): raise RuntimeError('bad forward')\n"
+                         "def build(): return M(), (torch.randn(2, 2),)\n"),
+    }
+    for name, body in specs.items():
+        (tmp_path / name).write_text(body)
+    cases = [
+        (["mlp", "--size", "tiny", "--device", "cuda"], "'mlp'", "no CUDA device"),
+        ([f"{tmp_path / 'noimport.py'}:build"], "noimport.py:build", "ModuleNotFoundError"),
+        ([f"{tmp_path / 'wrong.py'}:build"], "wrong.py:build", "must return (model, inputs), got int"),
+        ([f"{tmp_path / 'raises.py'}:build"], "raises.py:build", "ValueError: boom in build"),
+        ([f"{tmp_path / 'stepfails.py'}:build", "--mode", "infer"], "stepfails.py:build",
+         "first (unprofiled) step raised RuntimeError: bad forward"),
+    ]
+    for args, names, cause in cases:
+        proc = run(*args, "--out", str(tmp_path / "out"), "--ceilings", "none")
+        lines = [line for line in proc.stderr.splitlines() if not line.startswith("[")]
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert names in lines[0] and cause in lines[0], (args, lines[0])
