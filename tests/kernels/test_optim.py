@@ -166,6 +166,34 @@ def test_optimizers_refuse_sparse_and_complex() -> None:
         LAMB([nn.Parameter(torch.ones(2))], amsgrad=True)
 
 
+def _nonfinite_steps(make_opt, steps: int = 3) -> list[torch.Tensor]:
+    """A few steps where one tensor's grad holds NaN, +inf and -inf and another's is finite."""
+    ps = [nn.Parameter(torch.linspace(-1, 1, 6)), nn.Parameter(torch.ones(4)),
+          nn.Parameter(torch.zeros(0))]
+    opt = make_opt(ps)
+    for step in range(steps):
+        ps[0].grad = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.5, -2.0])
+        ps[1].grad = torch.full((4,), 0.1 * (step + 1))
+        ps[2].grad = torch.zeros(0)
+        opt.step()
+    return [p.detach() for p in ps]
+
+
+@pytest.mark.parametrize("opt", ["adamw", "lamb"])
+def test_nan_inf_grads_and_empty_params_match_the_reference(opt: str) -> None:
+    if opt == "adamw":
+        ours = _nonfinite_steps(lambda ps: AdamW(ps, lr=0.1, provider="cpu"))
+        theirs = _nonfinite_steps(lambda ps: torch.optim.AdamW(ps, lr=0.1, foreach=False))
+    else:
+        ours = _nonfinite_steps(lambda ps: LAMB(ps, lr=0.1, provider="cpu"))
+        theirs = _nonfinite_steps(lambda ps: LAMB(ps, lr=0.1, provider="reference"))
+    assert ours[0].isnan().any()  # the non-finite grads did reach the parameter
+    for o, t in zip(ours, theirs):
+        assert torch.equal(o.isnan(), t.isnan()) and torch.equal(o.isinf(), t.isinf())
+        fin = o.isfinite() & t.isfinite()
+        torch.testing.assert_close(o[fin], t[fin], rtol=1e-5, atol=1e-6)
+
+
 # ---- LAMB ------------------------------------------------------------------------------------
 
 def lamb_float64(params0, seq, lr, betas, eps, weight_decay, max_grad_norm, use_nvlamb):
