@@ -136,3 +136,17 @@ def test_cli_on_a_cpu_only_capture_folder_and_its_kineto_json(tmp_path):
         assert r["comm_comp_overlap_pct"] == {"0": None}
     p = analyze(str(cap), NCCL)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "alone" in p.stderr
+
+
+def test_whole_report_python_calls_do_not_grow_with_events():
+    """Every analysis and rule together (attribution, distributed and the rules included, not only
+    the time analyses): 8x the events, the same number of Python calls, so no per-event loop."""
+    from tests.profiler.analysis.synth import columnar_trace
+    from tests.profiler.analysis.test_time_analyses import python_calls
+
+    small, large = columnar_trace(2_000), columnar_trace(16_000)
+    r = build_report(small)
+    assert r["errors"] == {} and "attribution" in r["analyses"] and r["findings"] is not None
+    n_small, n_large = python_calls(build_report, small), python_calls(build_report, large)
+    # an absolute margin: one Python call per extra event would add 14,000 (a 10% margin would not see it)
+    assert n_large < n_small + 5_000, (n_small, n_large)
