@@ -253,5 +253,5 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
     trace = _assemble(loaded, plan, result.trace, costs, samples, off)
     timings = {"build_s": build_s, "flops_pass_s": flops_s, **result.timings, "total_s": time.perf_counter() - t0}
-    say(plan.steps, plan.steps, "done")
+    say(plan.steps, plan.steps, f"captured in {timings['total_s']:.1f} s")
     return CaptureResult(trace, result.raw_path, off, timings)
