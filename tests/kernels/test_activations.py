@@ -149,6 +149,7 @@ def run_interpreted() -> int:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter(
         "from tests.kernels.test_activations import run_interpreted\nprint(run_interpreted())")
@@ -161,3 +162,11 @@ def test_explicit_triton_without_gpu_or_interpreter_raises_with_reason(monkeypat
         pytest.skip("a CUDA GPU is present")
     with pytest.raises(ValueError, match="provider 'triton' unavailable"):
         kernels.swiglu(torch.randn(2, 3), torch.randn(2, 3), provider="triton")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_triton_activations_real_sizes() -> None:
+    from benchmarks.kernels.activations import gpu_checks
+
+    for _, check in gpu_checks("cuda"):
+        check()

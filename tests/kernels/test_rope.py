@@ -151,6 +151,15 @@ def run_interpreted() -> int:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter("from tests.kernels.test_rope import run_interpreted\nprint(run_interpreted())")
     assert int(out.strip().splitlines()[-1]) == 3 * 6 + 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_triton_rope_real_sizes() -> None:
+    from benchmarks.kernels.rope import gpu_checks
+
+    for _, check in gpu_checks("cuda"):
+        check()

@@ -177,6 +177,7 @@ def run_interpreted() -> int:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter(
         "from tests.kernels.test_softmax import run_interpreted\nprint(run_interpreted())")
@@ -195,3 +196,11 @@ def test_public_names_call_even_after_the_submodule_import() -> None:
     q = torch.randn(1, 1, 2, 4)
     c, s = torch.ones(2, 4), torch.zeros(2, 4)
     torch.testing.assert_close(kernels.rope(q, q, c, s)[0], q)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_triton_softmax_real_sizes() -> None:
+    from benchmarks.kernels.softmax import gpu_checks
+
+    for _, check in gpu_checks("cuda"):
+        check()
