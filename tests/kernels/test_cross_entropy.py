@@ -154,6 +154,33 @@ def test_fused_linear_cross_entropy_options(kw) -> None:
     check_against_reference(flce("cpu", 4), FLCE_SPEC.reference, [x, w, t, None], torch.float32, **kw)
 
 
+@pytest.mark.parametrize("provider", ["cpu", "aten"])
+def test_fused_linear_cross_entropy_non_contiguous_and_one_token(provider) -> None:
+    x = make((13, 40), torch.float32, seed=8, layout="transposed")  # a transposed view: stride 13
+    w = make((97, 40), torch.float32, seed=9, scale=0.3, layout="transposed")
+    assert not x.is_contiguous() and not w.is_contiguous()
+    check_against_reference(flce(provider, 4), FLCE_SPEC.reference, [x, w, targets(13, 97), None],
+                            torch.float32, names=["loss", "dx", "dW", "target", "db"])
+    one = make((1, 24), torch.float32, seed=10)
+    check_against_reference(flce(provider, None), FLCE_SPEC.reference,
+                            [one, make((31, 24), seed=11), torch.tensor([30]), make((31,), seed=12)],
+                            torch.float32, names=["loss", "dx", "dW", "target", "db"])
+
+
+@pytest.mark.parametrize("provider", ["cpu", "aten"])
+def test_fused_linear_cross_entropy_nan_inf_propagate_like_reference(provider) -> None:
+    x, w = make((6, 16), seed=13), make((21, 16), seed=14, scale=0.3)
+    x[2, 3] = float("nan")
+    x[4, 0] = float("inf")
+    t = torch.tensor([0, 5, 20, 1, 2, -100])
+    ours = fwd_bwd(flce(provider, 2), [x, w, t, None], reduction="sum")
+    truth = fwd_bwd(FLCE_SPEC.reference, [x.double(), w.double(), t, None], reduction="sum")
+    for o, tr, name in zip(ours, truth, ["loss", "dx", "dW"]):
+        assert torch.equal(o.isnan(), tr.isnan()), name
+        assert torch.equal(o.isinf(), tr.isinf()), name
+    assert ours[0].isnan()  # a NaN token makes the summed loss NaN, as eager does
+
+
 def test_fused_linear_cross_entropy_partial_grads_and_no_grad() -> None:
     x, w, t = make((10, 16), seed=6), make((50, 16), seed=7), targets(10, 50)
     xg = x.clone().requires_grad_()
