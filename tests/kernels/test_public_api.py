@@ -125,3 +125,18 @@ def test_optimizers_take_provider(opt: str) -> None:
         results.append(p.detach())
     assert not torch.equal(results[0], start)  # a step happened
     torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-6)
+
+
+def test_import_is_light_and_independent_of_the_product() -> None:
+    """`import kernels` pulls in no profiler/fusion_advisor/streamlit/triton and builds nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, kernels, kernels._build as b\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'profiler', 'fusion_advisor', 'streamlit', 'triton'})\n"
+            "print(bad, b._loaded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2], check=True).stdout.strip()
+    assert out == "[] False"
