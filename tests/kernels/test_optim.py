@@ -194,6 +194,29 @@ def test_nan_inf_grads_and_empty_params_match_the_reference(opt: str) -> None:
         torch.testing.assert_close(o[fin], t[fin], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("opt", ["adamw", "lamb"])
+def test_one_provider_call_per_dtype_bucket(monkeypatch, opt: str) -> None:
+    """All parameters of one (device, dtype) are stepped by one multi-tensor call, not a loop."""
+    spec = kernels.KERNELS["adamw_step" if opt == "adamw" else "lamb_step"]
+    calls: list[int] = []
+    real = spec.providers["cpu"]
+
+    def counting(params, *args, **kwargs):
+        calls.append(len(params))
+        return real(params, *args, **kwargs)
+
+    monkeypatch.setitem(spec.providers, "cpu", counting)
+    ps = [nn.Parameter(torch.randn(s)) for s in SHAPES] + [nn.Parameter(torch.randn(3, dtype=torch.float64))]
+    o = (AdamW if opt == "adamw" else LAMB)([{"params": ps[:3]}, {"params": ps[3:], "lr": 0.1}],
+                                            provider="cpu")
+    for _ in range(2):
+        for p in ps:
+            p.grad = torch.ones_like(p)
+        o.step()
+    # per step and group: one call for its fp32 tensors (+ one for the fp64 tensor in group 2)
+    assert sorted(calls) == sorted([3, len(SHAPES) - 3, 1] * 2)
+
+
 # ---- LAMB ------------------------------------------------------------------------------------
 
 def lamb_float64(params0, seq, lr, betas, eps, weight_decay, max_grad_norm, use_nvlamb):
