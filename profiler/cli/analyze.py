@@ -9,6 +9,7 @@ Exit 0 on success, 2 on bad input (one line on stderr, from the CLI's error hand
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -20,14 +21,25 @@ TOP_KERNELS = 10
 NAME_WIDTH = 70
 
 
+def _count(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
                    help=".json/.json.gz trace, a directory or .zip of them (several files = several ranks), "
                         "or a saved Trace folder / capture --out folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="write every analysis as versioned JSON to OUT")
     p.add_argument("--compare", nargs="+", metavar="OTHER", help="trace file(s) to diff against (B vs A=TRACE)")
-    p.add_argument("--top", type=int, default=TOP_KERNELS, help=f"kernels to list (default {TOP_KERNELS})")
-    p.add_argument("--max-rows", type=int, default=200,
+    p.add_argument("--top", type=_count, default=TOP_KERNELS, help=f"kernels to list (default {TOP_KERNELS})")
+    p.add_argument("--max-rows", type=_count, default=200,
                    help="rows per table under 'analyses' in the JSON (headline tables are complete)")
     p.add_argument("--max-decompressed-gb", type=float, default=4.0,
                    help="refuse traces that decompress to more than this (default 4)")
@@ -37,7 +49,7 @@ def saved_trace_folder(path: str) -> Path | None:
     """The saved-Trace folder (Parquet + meta.json, as `capture` writes) that `path` names: the
     folder itself or a capture's `--out` folder holding one under `trace/`; None otherwise."""
     p = Path(path)
-    for folder in (p, p / "trace"):
+    for folder in (p, p / "trace", p.parent if p.suffix == ".parquet" else p):
         if (folder / "events.parquet").is_file() and (folder / "meta.json").is_file():
             return folder
     return None
@@ -139,16 +151,30 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
     return lines
 
 
+def check_json_target(out: Path) -> None:
+    """Refuse an --json OUT that cannot be a file before any work is done (a folder, an empty name)."""
+    from profiler.errors import FusionLensError
+
+    if out.is_dir() or not out.name or out.name in (".", ".."):
+        raise FusionLensError(f"--json {out}: is a directory; give a file path such as {out / 'report.json'}")
+
+
 def write_json(report: dict[str, Any], out: Path) -> None:
     """Strict JSON (no NaN), written atomically (a temporary sibling, then a rename)."""
+    from profiler.errors import FusionLensError
+
+    check_json_target(out)
     text = json.dumps(report, allow_nan=False, ensure_ascii=False, indent=1)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, out)
+    except OSError as exc:
+        raise FusionLensError(f"--json {out}: cannot write it: {exc.strerror or exc}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a parent that is a file: nothing was written
+            tmp.unlink(missing_ok=True)
 
 
 @register_command("analyze", "Run every analysis and rule on trace(s); print a summary, optionally write JSON",
@@ -156,6 +182,8 @@ def write_json(report: dict[str, Any], out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.report_json import build_report
 
+    if args.json:
+        check_json_target(args.json)
     trace = _load(args.traces, args.max_decompressed_gb)
     other = _load(args.compare, args.max_decompressed_gb) if args.compare else None
     report = build_report(trace, compare=other, max_rows=args.max_rows)

@@ -126,7 +126,7 @@ def test_cli_on_a_cpu_only_capture_folder_and_its_kineto_json(tmp_path):
                         "--steps", "2", "--wait", "0", "--warmup", "1", "--ceilings", "none", "--quiet",
                         "--out", str(cap)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    for target in (cap, cap / "trace", cap / "kineto_rank0.pt.trace.json"):
+    for target in (cap, cap / "trace", cap / "trace" / "events.parquet", cap / "kineto_rank0.pt.trace.json"):
         out = tmp_path / f"{target.name}.report.json"
         p = analyze(str(target), "--json", str(out))
         assert p.returncode == 0, p.stderr
@@ -150,3 +150,18 @@ def test_whole_report_python_calls_do_not_grow_with_events():
     n_small, n_large = python_calls(build_report, small), python_calls(build_report, large)
     # an absolute margin: one Python call per extra event would add 14,000 (a 10% margin would not see it)
     assert n_large < n_small + 5_000, (n_small, n_large)
+
+
+def test_cli_refuses_unusable_options_before_any_work(tmp_path):
+    """--json naming a folder (it once wrote its temporary file beside the folder, e.g. at /),
+    an unwritable --json path, negative --top/--max-rows: exit 2, one line, nothing left behind."""
+    p = analyze(BERT, "--json", str(tmp_path))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "is a directory" in p.stderr
+    assert p.stdout == "" and list(tmp_path.parent.glob(f".{tmp_path.name}.*.tmp")) == []
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = analyze(BERT, "--json", str(blocker / "r.json"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "cannot write" in p.stderr
+    for opt in ("--top", "--max-rows"):
+        p = analyze(BERT, opt, "-1")
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and ">= 0" in p.stderr
