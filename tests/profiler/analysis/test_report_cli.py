@@ -152,7 +152,7 @@ def test_whole_report_python_calls_do_not_grow_with_events():
     assert n_large < n_small + 5_000, (n_small, n_large)
 
 
-def test_cli_refuses_unusable_options_before_any_work(tmp_path):
+def test_cli_unusable_options_are_one_line_errors(tmp_path):
     """--json naming a folder (it once wrote its temporary file beside the folder, e.g. at /),
     an unwritable --json path, negative --top/--max-rows: exit 2, one line, nothing left behind."""
     p = analyze(BERT, "--json", str(tmp_path))
