@@ -66,6 +66,16 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def check_out_dir(out: Path) -> None:
+    """Create --out (a folder) before any work, or say in one line why it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
+
+
 def _si(x: float) -> str:
     """1234567 -> '1.23 M' (decimal prefixes)."""
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -99,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     overrides = parse_settings(args.set)
     out = args.out or default_out_dir(args.spec)
+    check_out_dir(Path(out))
     show = _progress(args.quiet)
     if args.nproc > 1:
         from profiler.capture.ddp import capture_ddp

@@ -74,3 +74,12 @@ def test_bad_input_through_the_cli_is_one_line_naming_spec_and_cause(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(lines) == 1 and "Traceback" not in proc.stderr, (args, proc.stderr)
         assert names in lines[0] and cause in lines[0], (args, lines[0])
+
+
+def test_unusable_out_folder_is_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out, cause in ((afile, "is a file"), (afile / "sub", "cannot create it")):
+        proc = run("mlp", "--size", "tiny", "--out", str(out))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: --out {out}: {cause}")
