@@ -46,6 +46,14 @@ def ceilings_for(plan: CapturePlan, choice: str) -> tuple[Optional[Any], Optiona
 
 def write_roofline(trace: Any, plan: CapturePlan, choice: str, out_dir: Path) -> tuple[Optional[Path], Optional[str]]:
     """roofline.csv, or (None, reason) with roofline_missing.txt written."""
+    path, reason, _ = write_roofline_with_ceilings(trace, plan, choice, out_dir)
+    return path, reason
+
+
+def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str,
+                                 out_dir: Path) -> tuple[Optional[Path], Optional[str], Optional[Any]]:
+    """As `write_roofline`, plus the Ceilings the table was made against (None when it was not),
+    so the summary can say which roofs (measured or datasheet, with their values) were used."""
     ceilings, reason = ceilings_for(plan, choice)
     table = None
     if reason is None:
@@ -62,10 +70,10 @@ def write_roofline(trace: Any, plan: CapturePlan, choice: str, out_dir: Path) ->
                     reason = "no op carries FLOPs and bytes (was the FLOPs pass off?)"
     if table is None or table.empty:
         (out_dir / "roofline_missing.txt").write_text(f"{reason}\n")
-        return None, reason
+        return None, reason, None
     path = out_dir / "roofline.csv"
     table.to_csv(path, index=False)
-    return path, None
+    return path, None, ceilings
 
 
 def summarise(result: CaptureResult) -> dict[str, Any]:
@@ -94,10 +102,11 @@ def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceili
     out_dir = Path(out_dir)
     files = {f"trace_{k}": str(p) for k, p in save_trace(result.trace, out_dir / "trace").items()}
     files["kineto_json"] = sorted(str(p) for p in out_dir.glob("kineto_rank*.pt.trace.json"))
-    roof, roof_reason = write_roofline(result.trace, plan, ceilings, out_dir)
+    roof, roof_reason, used = write_roofline_with_ceilings(result.trace, plan, ceilings, out_dir)
     files["roofline"] = str(roof) if roof else str(out_dir / "roofline_missing.txt")
     summary = {**(extra or {}), "plan": plain(plan.__dict__), "files": files,
                "sources_off": dict(result.sources_off), "roofline_missing": roof_reason,
+               "roofline_ceilings": plain(used.to_json()) if used is not None else None,
                "timings_s": dict(result.timings), "capture": plain(result.trace.meta.get("capture", {})),
                **summarise(result)}
     summary_path = write_json(out_dir / "summary.json", summary)

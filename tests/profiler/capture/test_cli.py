@@ -1,4 +1,5 @@
 """`python -m profiler capture`: files written and exit status 0; bad input is one line and 2."""
+import csv
 import json
 import subprocess
 import sys
@@ -24,9 +25,15 @@ def test_capture_writes_everything(tmp_path):
     assert (out / "kineto_rank0.pt.trace.json").is_file()
     assert (out / "trace" / "events.parquet").is_file() and (out / "trace" / "meta.json").is_file()
     assert (out / "roofline.csv").read_text().startswith("kind,name")
+    with open(out / "roofline.csv", newline="") as fh:
+        roof = list(csv.DictReader(fh))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["profiled_steps"] == 2 and summary["flops_total"] > 0
     assert "lower bound" in summary["bytes_note"]
+    # the summary names the roofs the table used: the measured fp32 peak is the table's peak
+    used = summary["roofline_ceilings"]
+    assert used["source"] == "measured" and used["mem_bw_bytes_per_s"] > 0
+    assert roof and {float(r["peak_flops_per_s"]) for r in roof} == {used["peak_flops_per_s"]["fp32"]}
 
 
 def test_roofline_missing_is_explained(tmp_path):
