@@ -139,13 +139,27 @@ def _provider(provider: str):
     return run
 
 
-def _cost(x, weight, target, bias=None, *args, **kwargs) -> Cost:
-    """Forward+backward work; the unfused chain writes and re-reads ~5 [N, V] tensors."""
+def _cost(x, weight, target, bias=None, *args, chunk_size=None, **kwargs) -> Cost:
+    """Forward + backward bytes at op boundaries (a unit upstream gradient), [N, V] logits dominant.
+
+    Fused, per chunk: logits written (mm), read and overwritten with d loss / d logits (1 + 2),
+    read by the dx and dW matmuls (+ the db sum): 5 (6 with bias) passes over N x V in all, but
+    never N x V at once. W is read twice per chunk and the fp32 (or fp64) dW accumulator read and
+    written per chunk (below fp32 the chunk's dW is also written, cast and added). Unfused eager: logits (1), log_softmax (2), NLL (1), NLL backward (1),
+    log_softmax backward (3), dx and dW matmuls (2) (+ db): 10 (11) passes over the full N x V.
+    Both read x twice and write dx; eager reads W twice and writes dW once.
+    """
     n, h, v = int(math.prod(x.shape[:-1])), x.shape[-1], weight.shape[0]
     es = x.element_size()
-    io = (2 * n * h + 2 * v * h) * es  # x, dx, W, dW
-    return Cost(flops=6.0 * n * h * v + 6.0 * n * v, bytes_fused=float(io + 2 * n * v * es),
-                bytes_unfused=float(io + 6 * n * v * es))
+    acc = 4 if es < 4 else es
+    has_b = bias is not None
+    k = math.ceil(n / (int(chunk_size) if chunk_size else default_chunk_size(n, h, v))) if n else 0
+    nv, nh, vh = n * v * es, n * h * es, v * h * es
+    # dW per chunk: addmm_ into it (read + write), or below fp32 mm -> cast -> add_ into fp32
+    dw_chunk = 2 * v * h * acc if es == acc else v * h * (2 * es + 4 * acc)
+    fused = (5 + has_b) * nv + 3 * nh + 2 * k * vh + k * dw_chunk + has_b * (k * v * es + 2 * k * v * acc)
+    unfused = (10 + has_b) * nv + 3 * nh + 3 * vh + has_b * 2 * v * es
+    return Cost(flops=6.0 * n * h * v + 6.0 * n * v, bytes_fused=float(fused), bytes_unfused=float(unfused))
 
 
 SPEC = register_kernel(KernelSpec(
