@@ -6,6 +6,10 @@ each chunk is decoded by msgspec into typed Structs (`_structs.Event`), from whi
 pulled with C-level `map(attrgetter)` + `np.fromiter`. A split that lands inside an event cannot
 decode (its brackets do not balance), so it is widened to the next boundary; a chunk with a
 wrongly typed event falls back to per-event decoding, which skips and counts the bad events.
+
+A large plain `.json` file (>= 64 MiB, several CPUs) skips the whole-document pass and is decoded
+by several processes over the same chunks (`_parallel`); the output is the serial one exactly, and
+anything unexpected there (an invalid chunk, a worker failing) makes it decode serially instead.
 """
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import numpy as np
 import numpy as np
 
 from profiler.trace import _columns as C
@@ -104,19 +107,68 @@ def _decode_chunk(chunk: bytes, skipped: Counter) -> list:
     return good
 
 
-def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: Any):
-    """Decode the events array chunk by chunk, widening chunks whose split was not a boundary."""
-    n = view.nbytes
-    end_arr = n - 1
+class Unaligned(Exception):
+    """A planned chunk did not decode on its own (a split inside a string): decode serially."""
+
+
+def array_end(view: memoryview) -> int:
+    """Offset of the closing `]` of the events array in `view`."""
+    end_arr = view.nbytes - 1
     while end_arr > 0 and view[end_arr] != ord("]"):
         end_arr -= 1
+    return end_arr
+
+
+def _chunk_bytes(view: memoryview, cur: int, stop: int) -> bytearray:
+    chunk = bytearray(stop - cur + 2)  # "[" + events + "]", one copy
+    chunk[0], chunk[-1] = 0x5B, 0x5D
+    chunk[1:-1] = view[cur:stop]
+    return chunk
+
+
+def _after(view: memoryview, stop: int, end_arr: int) -> int:
+    m = _SPLIT.match(view, stop - 1) if stop < end_arr else None
+    return (m.end() - 1) if m else end_arr
+
+
+def plan_chunks(view: memoryview) -> list[tuple[int, int]]:
+    """The (start, stop) byte spans `_iter_event_lists` decodes when no chunk needs widening:
+    regex searches only, so a parallel decode cuts the array exactly where the serial one does."""
+    end_arr = array_end(view)
+    spans, cur = [], 1
+    while cur < end_arr:
+        stop = _next_split(view, cur + CHUNK_BYTES, end_arr) if end_arr - cur > CHUNK_BYTES * 1.5 else end_arr
+        spans.append((cur, stop))
+        cur = _after(view, stop, end_arr)
+    return spans
+
+
+def decode_spans(view: memoryview, spans: Any, acc: C.Accumulator, skipped: Counter, release: Any) -> int:
+    """Decode planned chunks into `acc` (number of events decoded); raises Unaligned when one
+    does not decode on its own."""
+    total = 0
+    for cur, stop in spans:
+        chunk = _chunk_bytes(view, cur, stop)
+        try:
+            events = _decode_chunk(chunk, skipped)
+        except msgspec.DecodeError:
+            raise Unaligned(f"chunk at byte {cur} does not decode on its own") from None
+        total += len(events)
+        C.process_chunk(events, chunk, acc, skipped)
+        del events, chunk
+        if release is not None:
+            release(cur, stop)
+    return total
+
+
+def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: Any):
+    """Decode the events array chunk by chunk, widening chunks whose split was not a boundary."""
+    end_arr = array_end(view)
     cur = 1
     while cur < end_arr:
         stop = _next_split(view, cur + CHUNK_BYTES, end_arr) if end_arr - cur > CHUNK_BYTES * 1.5 else end_arr
         while True:
-            chunk = bytearray(stop - cur + 2)  # "[" + events + "]", one copy
-            chunk[0], chunk[-1] = 0x5B, 0x5D
-            chunk[1:-1] = view[cur:stop]
+            chunk = _chunk_bytes(view, cur, stop)
             try:
                 events = _decode_chunk(chunk, skipped)
                 break
@@ -127,8 +179,7 @@ def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: A
         yield events, chunk
         if release is not None:
             release(cur, stop)
-        m = _SPLIT.match(view, stop - 1) if stop < end_arr else None
-        cur = (m.end() - 1) if m else end_arr
+        cur = _after(view, stop, end_arr)
 
 
 def _plain(value: Any) -> Any:
@@ -168,34 +219,83 @@ def _offset_in(view: memoryview, buf: Any) -> int:
     return addr - start
 
 
-def decode_payload(payload: Payload) -> FileData:
-    """Decode one file into columns; raises TraceError (one line, naming the file) when unusable."""
+def decode_payload(payload: Payload, workers: int | None = 1, parallel_min_bytes: int | None = None) -> FileData:
+    """Decode one file into columns; raises TraceError (one line, naming the file) when unusable.
+
+    A mapped plain file of at least `parallel_min_bytes` (default 64 MiB) is decoded by up to
+    `workers` processes (None: $FUSIONLENS_INGEST_WORKERS, else the CPU count), same output.
+    """
+    from profiler.trace import _parallel as P  # (it imports this module)
+
+    n_proc = P.worker_count(payload, workers, P.MIN_BYTES if parallel_min_bytes is None else parallel_min_bytes)
+    procs = []
+    if n_proc > 1:
+        try:
+            procs = P.start_workers(n_proc - 1)
+        except OSError:  # cannot start a process here: decode serially
+            procs = []
+    try:
+        return _decode(payload, procs)
+    finally:
+        P.stop_workers(procs)
+
+
+def _releaser(payload: Payload, view: memoryview) -> Any:
+    """release(start, stop): hand back the mapped pages of view[start:stop] once decoded, so the
+    JSON never sits in RSS next to the columns (None when the bytes are not an mmap)."""
+    buf = payload.mm
+    if buf is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    base = _offset_in(view, buf)
+
+    def release(start: int, stop: int) -> None:
+        lo = ((base + start) // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = ((base + stop) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if hi > lo:
+            buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return release
+
+
+def _decode(payload: Payload, procs: list) -> FileData:
+    if procs:
+        from profiler.trace import _parallel as P
+
+        located = P.locate_events(payload.mm)
+        if located is not None:
+            doc, start, end = located
+            view = memoryview(payload.mm)[start:end + 1]
+            acc, skipped = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250)), Counter()
+            try:
+                total = P.decode_parallel(view, start, payload.path, procs, acc, skipped,
+                                          _releaser(payload, view), plan_chunks(view))
+            except Exception:  # a chunk that needs widening or is invalid, a worker that died: serial
+                P.stop_workers(procs)
+            else:
+                return _finish(payload, _file_meta(doc), acc, skipped, total)
+            finally:
+                view.release()
+    return _decode_serial(payload)
+
+
+def _decode_serial(payload: Payload) -> FileData:
     doc, view = _top_level(payload)
     meta = _file_meta(doc)
     del doc
-    skipped: Counter = Counter()
-    acc = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250))  # ~250 B of JSON per kept row
-    release = None
-    buf = payload.mm
-    if buf is not None and hasattr(mmap, "MADV_DONTNEED"):
-        # Hand back each chunk's pages once decoded, so the JSON never sits in RSS next to the
-        # columns. A mapped file's pages (all touched by the validation pass) can all go now:
-        # they are re-read from the page cache; decompressed data only once consumed.
-        base = _offset_in(view, buf)
-        if payload.file_backed:
-            buf.madvise(mmap.MADV_DONTNEED)
-
-        def release(start: int, stop: int) -> None:
-            lo = ((base + start) // mmap.PAGESIZE) * mmap.PAGESIZE
-            hi = ((base + stop) // mmap.PAGESIZE) * mmap.PAGESIZE
-            if hi > lo:
-                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    total = 0
+    acc, skipped, total = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250)), Counter(), 0  # ~250 B/row
+    release = _releaser(payload, view)
+    if release is not None and payload.file_backed:
+        # A mapped file's pages (all touched by the validation pass) can all go now: they are
+        # re-read from the page cache; decompressed data is handed back only once consumed.
+        payload.mm.madvise(mmap.MADV_DONTNEED)
     for events, chunk in _iter_event_lists(view, payload.label, skipped, release):
         total += len(events)
         C.process_chunk(events, chunk, acc, skipped)
-    total += C.undecodable(skipped)
     del view
+    return _finish(payload, meta, acc, skipped, total)
+
+
+def _finish(payload: Payload, meta: dict[str, Any], acc: C.Accumulator, skipped: Counter, total: int) -> FileData:
+    total += C.undecodable(skipped)
     meta["process_names"] = acc.process_names
     meta["thread_names"] = acc.thread_names
     n_bad = sum(skipped.values())

@@ -126,7 +126,8 @@ def _meta(frames: list[FileFrame], ranks: list[tuple[int, str]], t0: float) -> d
 
 
 def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = None,
-               max_decompressed_bytes: int = 4 << 30) -> Trace:
+               max_decompressed_bytes: int = 4 << 30, workers: int | None = None,
+               parallel_min_bytes: int | None = None) -> Trace:
     """Load one or more PyTorch profiler (Kineto) traces into one Trace.
 
     Args:
@@ -135,6 +136,9 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
         rank: override the rank of each file (an int for one file, else one int per file).
             By default it is `distributedInfo.rank`; files without one get the lowest free rank.
         max_decompressed_bytes: refuse once this many bytes of JSON were decompressed/read.
+        workers: processes that decode one large plain `.json` file together (same result);
+            None: $FUSIONLENS_INGEST_WORKERS, else the CPU count (at most 4); 1: this process only.
+        parallel_min_bytes: smaller files are decoded in this process only (default 64 MiB).
     Returns:
         A Trace whose `ts_us` counts from the earliest event over all ranks (`meta["t0_us"]`).
         Events that cannot be read (missing or wrongly typed fields, negative or absurd numbers,
@@ -148,7 +152,7 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
     with _no_gc():
         for payload in iter_payloads(source_or_sources, max_decompressed_bytes):
             try:
-                fd = decode_payload(payload)
+                fd = decode_payload(payload, workers, parallel_min_bytes)
             finally:
                 payload.release()
             frames.append(_file_frame(fd))

@@ -56,6 +56,7 @@ class Payload:
     buf: Any
     mm: mmap.mmap | None = None
     file_backed: bool = False
+    path: str | None = None  # the file itself when file_backed (parallel decoders map it again)
 
     def release(self) -> None:
         """Drop the bytes (and unmap) once decoded."""
@@ -242,7 +243,7 @@ def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
             return
         budget.take(size, label)
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    yield Payload(label, mm, mm, file_backed=True)
+    yield Payload(label, mm, mm, file_backed=True, path=str(path))
 
 
 def iter_payloads(sources: Any, max_decompressed_bytes: int) -> Iterator[Payload]:
