@@ -62,11 +62,13 @@ def _triton(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, **hp):
     triton_optim.adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, **hp)
 
 
-def _cost(p: torch.Tensor, *args, **kwargs) -> Cost:
-    """Per element: read g, p, m, v; write p, m, v (one pass). torch's foreach=False loop makes
-    ~9 elementwise passes (mul, lerp, mul, addcmul, sqrt, div, add, addcdiv) over 2-4 tensors."""
+def _cost(p: torch.Tensor, *args, amsgrad: bool = False, **kwargs) -> Cost:
+    """Per element: read g, p, m, v (+ max v); write p, m, v (+ max v), in one pass. torch's
+    single-tensor loop (the reference) makes 20 passes: p.mul_ 2, m.lerp_ 3, v.mul_ 2,
+    v.addcmul_ 3, sqrt 2, / 2, add_ 2, p.addcdiv_ 4 (+ 3 for torch.maximum with amsgrad)."""
     n, es = p.numel(), p.element_size()
-    return Cost(flops=16.0 * n, bytes_fused=7.0 * n * es, bytes_unfused=27.0 * n * es)
+    return Cost(flops=16.0 * n, bytes_fused=(7.0 + 2 * amsgrad) * n * es,
+                bytes_unfused=(20.0 + 3 * amsgrad) * n * es)
 
 
 SPEC = register_kernel(KernelSpec(

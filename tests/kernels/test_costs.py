@@ -138,11 +138,20 @@ def test_cross_entropy_by_hand() -> None:
 
 
 def test_optimizers_by_hand() -> None:
-    p = _t(1000)
+    n = 1000
+    p = _t(n)
     c = K["adamw_step"].cost(p)
-    assert c.bytes_fused == 7 * 4 * 1000  # read g, p, m, v; write p, m, v
+    assert c.bytes_fused == 7 * 4 * n  # read g, p, m, v; write p, m, v
+    assert c.bytes_unfused == 20 * 4 * n
+    assert K["adamw_step"].cost(p, amsgrad=True).bytes_fused == 9 * 4 * n  # + max v read, written
+    ps, gs, m, v, mx = [p.clone()], [_t(n)], [torch.zeros(n)], [torch.zeros(n)], [torch.zeros(n)]
+    with _Traffic() as t:
+        K["adamw_step"].reference(ps, gs, m, v, mx, [0], lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                                  weight_decay=0.01, amsgrad=False, maximize=False)
+    assert t.bytes - 4 * n == c.bytes_unfused  # addcmul_(g, g) passes g twice: one read counted twice
     c = K["lamb_step"].cost(p)
-    assert c.bytes_fused == 10 * 4 * 1000  # pass 1: g, p, m, v in, m, v out; pass 2: m, v, p in, p out
+    assert c.bytes_fused == 10 * 4 * n  # pass 1: g, p, m, v in, m, v out; pass 2: m, v, p in, p out
+    assert c.bytes_unfused == 37 * 4 * n
 
 
 def _fwd_bwd_traffic(fn) -> int:
