@@ -132,7 +132,8 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
             parts = ", ".join(f"{c.removesuffix('_us')} {100 * sum(s[c] or 0.0 for s in steps) / dur:.0f}%" for c in cats)
             lines.append(f"step time ({len(steps)} step window(s), {dur:,.0f} µs): {parts}")
     findings = report.get("findings") or []
-    lines += ["", f"findings ({len(findings)}):" if findings else "findings: none"]
+    lines += ["", f"findings ({len(findings)}; each saving is for that fix alone, they overlap):"
+              if findings else "findings: none"]
     for f in findings:
         pct = f["est_saving_pct"]
         lines.append(f"  [{f['severity']}] {f['rule']}: {f['message']} "
