@@ -105,10 +105,15 @@ def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None
         settings["batch"] = batch
     try:
         tf = importlib.import_module("transformers")
-        return HF_MODELS[name].build(tf, settings)
+        model, inputs = HF_MODELS[name].build(tf, settings)
     except SpecError:
         raise
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise describe_failure(spec, f"building {name} with transformers", exc) from None
+    # transformers 5 reads the loss from `model.loss_type`, which its constructors leave None (it then
+    # warns on every step): take the config's explicit value instead.
+    if getattr(model, "loss_type", "") is None and getattr(model.config, "loss_type", None):
+        model.loss_type = model.config.loss_type
+    return model, inputs

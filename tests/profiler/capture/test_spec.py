@@ -143,6 +143,8 @@ def test_hf_model_from_config_when_installed():
     lm = load_spec("hf:llama", size="tiny")
     assert type(lm.model).__name__ == "LlamaForCausalLM"
     assert loss_of(lm.call()).dim() == 0
+    # the loss type is the config's, so transformers does not warn "loss_type=None" on every step
+    assert getattr(lm.model, "loss_type", "ForCausalLM") == "ForCausalLM"
 
 
 def test_out_of_memory_in_a_step_is_one_line(tmp_path):
