@@ -38,7 +38,7 @@ run: $(STAMP)
 	$(PY) -m streamlit run app.py --server.address 127.0.0.1
 
 test: $(DEVSTAMP) chromium
-	$(PY) -m pytest -q -n 2 --timeout 900 tests
+	FUSIONLENS_STRICT=1 $(PY) -m pytest -q -n 2 --timeout 900 tests
 
 bench: bench-ingest bench-analyses bench-kernels bench-capture
 
