@@ -68,14 +68,30 @@ def assign_steps(kind: np.ndarray, name_codes: np.ndarray, names: list[str], ts:
 
 def bind_flows(kind: np.ndarray, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray,
                flows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(rows that got a flow, their flow ids, number of flow events that bound to no row)."""
+    """(rows that got a flow, their flow ids, number of flow events that bound to no row).
+
+    A flow binds to the first candidate row (file order) with its (pid, tid, ts); a row keeps the
+    first flow (file order) that bound to it; output in flow order. One lexsort of rows and flows
+    together groups equal keys (rows first, ascending), so no hash join is needed."""
     n_flows = len(flows.get("id", ()))
     if n_flows == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64), 0
     cand = np.flatnonzero(np.isin(kind, FLOW_TARGETS))
-    rows = pd.DataFrame({"pid": pid[cand], "tid": tid[cand], "ts": ts[cand], "row": cand})
-    fl = pd.DataFrame({"pid": flows["pid"], "tid": flows["tid"], "ts": flows["ts"], "id": flows["id"],
-                       "flow": np.arange(n_flows)})
-    hit = fl.merge(rows, on=["pid", "tid", "ts"], how="inner", sort=False)
-    hit = hit.drop_duplicates("flow").drop_duplicates("row")
-    return hit["row"].to_numpy(np.int64), hit["id"].to_numpy(np.int64), n_flows - len(hit)
+    n_cand = len(cand)
+    k_pid = np.concatenate([pid[cand], flows["pid"]])
+    k_tid = np.concatenate([tid[cand], flows["tid"]])
+    k_ts = np.concatenate([ts[cand], flows["ts"]]) + 0.0  # -0.0 == 0.0
+    order = np.lexsort((np.arange(n_cand + n_flows), k_ts, k_tid, k_pid))
+    k_pid, k_tid, k_ts = k_pid[order], k_tid[order], k_ts[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (k_pid[1:] != k_pid[:-1]) | (k_tid[1:] != k_tid[:-1]) | (k_ts[1:] != k_ts[:-1])
+    head = order[np.flatnonzero(new)][np.cumsum(new) - 1]  # each element's group head: a row if any
+    is_flow = order >= n_cand
+    flow, head = order[is_flow] - n_cand, head[is_flow]
+    hit = head < n_cand
+    flow, row = flow[hit], cand[head[hit]]
+    by_flow = np.argsort(flow, kind="stable")
+    flow, row = flow[by_flow], row[by_flow]
+    first = np.sort(np.unique(row, return_index=True)[1])  # each row's first flow
+    flow, row = flow[first], row[first]
+    return row.astype(np.int64), np.asarray(flows["id"])[flow].astype(np.int64), n_flows - len(flow)

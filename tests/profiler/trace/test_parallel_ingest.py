@@ -155,3 +155,29 @@ def test_unusual_layouts_match_serial(layout, tmp_path, monkeypatch, spy):
         assert par == ser
     else:
         _assert_same(par, ser)
+
+
+def test_bind_flows_matches_plain_python_with_ties():
+    """links.bind_flows (vectorised, used after a parallel merge) against a plain-Python reading of
+    its rule, on keys with many ties: a flow takes the first row with its (pid, tid, ts), a row the
+    first flow; output in flow order."""
+    from profiler.trace import links
+
+    rng = np.random.default_rng(7)
+    n, m = 400, 300
+    kind = rng.choice(np.array(links.FLOW_TARGETS + (0,), np.int8), n)
+    pid, tid = rng.integers(0, 3, n), rng.integers(0, 3, n)
+    ts = rng.integers(0, 6, n).astype(float) * rng.choice([1.0, -1.0], n)
+    flows = {"pid": rng.integers(0, 3, m), "tid": rng.integers(0, 3, m),
+             "ts": rng.integers(-6, 6, m).astype(float), "id": rng.integers(0, 10**6, m)}
+    rows, ids, unbound = links.bind_flows(kind, pid, tid, ts, flows)
+    want_rows, want_ids, taken = [], [], set()
+    for f in range(m):
+        key = (flows["pid"][f], flows["tid"][f], flows["ts"][f])
+        match = [r for r in range(n) if kind[r] in links.FLOW_TARGETS and (pid[r], tid[r], ts[r]) == key]
+        if match and match[0] not in taken:
+            taken.add(match[0])
+            want_rows.append(match[0])
+            want_ids.append(flows["id"][f])
+    assert rows.tolist() == want_rows and ids.tolist() == want_ids
+    assert unbound == m - len(want_rows)
