@@ -79,12 +79,15 @@ def _first_float_dtype(types_json: Any) -> Optional[str]:
 
 def _row_dtypes(events: pd.DataFrame, default_dtype: str) -> pd.Series:
     """dtype per row: own input_types, else the cpu_op with the same (rank, external_id), else default."""
-    own = pd.Series([_first_float_dtype(t) for t in events["input_types"].astype(object)],
-                    index=events.index, dtype=object)
+    types = events["input_types"].astype(object)
+    uniques = pd.unique(types)  # few distinct type lists: parse each once, then map
+    own = types.map(dict(zip(uniques, (_first_float_dtype(t) for t in uniques))))
     ops = events[(events["kind"] == "cpu_op") & own.notna() & events["external_id"].notna()]
-    by_ext = dict(zip(zip(ops["rank"], ops["external_id"]), own[ops.index]))
-    via_op = pd.Series([by_ext.get((r, e)) for r, e in zip(events["rank"], events["external_id"])],
-                       index=events.index, dtype=object)
+    keyed = pd.DataFrame({"rank": ops["rank"].to_numpy(), "external_id": ops["external_id"].to_numpy(),
+                          "op_dtype": own[ops.index].to_numpy()}).drop_duplicates(["rank", "external_id"])
+    via_op = (events[["rank", "external_id"]].reset_index(drop=True)
+              .merge(keyed, on=["rank", "external_id"], how="left")["op_dtype"])
+    via_op.index = events.index
     return own.where(own.notna(), via_op).fillna(default_dtype).astype(str)
 
 
@@ -95,8 +98,8 @@ def _modules(events: pd.DataFrame) -> pd.Series:
     if "module" in events:
         return events["module"].astype(object)
     out = pd.Series(None, index=events.index, dtype=object)
-    names = events["name"].astype(str)
-    mods = events[(events["kind"] == "python_function") & names.str.startswith(MODULE_PREFIX)]
+    py = events[events["kind"] == "python_function"]
+    mods = py[py["name"].astype(str).str.startswith(MODULE_PREFIX)]
     if mods.empty:
         return out
     from profiler.analysis import nesting
@@ -107,7 +110,7 @@ def _modules(events: pd.DataFrame) -> pd.Series:
     nest = nesting.build_nest(codes[:len(mods)], mods["ts_us"].to_numpy(float),
                               (mods["ts_us"] + mods["dur_us"]).to_numpy(float))
     pos = nesting.innermost(nest, codes[len(mods):], ops["ts_us"].to_numpy(float))
-    label = names[mods.index].str.removeprefix(MODULE_PREFIX).to_numpy(object)[nest.order]
+    label = mods["name"].astype(str).str.removeprefix(MODULE_PREFIX).to_numpy(object)[nest.order]
     out[ops.index] = np.where(pos >= 0, label[np.maximum(pos, 0)], None)
     by_ext = dict(zip(zip(ops["rank"], ops["external_id"]), out[ops.index]))
     gpu = events[events["kind"].isin(("kernel", "gpu_memcpy", "gpu_memset")) & events["external_id"].notna()]
@@ -133,6 +136,8 @@ def roofline_points(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
     excluded["no_work"] = int(no_work.sum())
     excluded["zero_duration"] = int((zero_dur & ~no_work).sum())
     ev = ev[~no_work & ~zero_dur]
+    if not len(ev):  # uploaded traces carry no FLOPs: nothing to place, skip the per-row work
+        return pd.DataFrame(columns=list(POINT_COLUMNS)), excluded
     dtype = _row_dtypes(ev, default_dtype) if len(ev) else pd.Series([], dtype=str)
     peak_of = {d: ceilings.peak_for(d) for d in set(dtype)}
     missing = sorted(d for d, p in peak_of.items() if p is None)

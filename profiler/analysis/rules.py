@@ -242,9 +242,12 @@ def fp32_matmul_no_tensor_cores(trace, results, limits) -> list[Finding]:
     if k.empty or kt.is_tensor_core(k).any():
         return []
     ev = trace.events
-    op_types = ev["input_types"].reindex(k["op_index"].where(k["op_index"] >= 0).dropna().astype(np.int64))
+    op_index = k["op_index"].to_numpy()
+    has_op = op_index >= 0
+    ops, inverse = np.unique(op_index[has_op].astype(np.int64), return_inverse=True)  # each op's types read once
+    op_fp32 = ev["input_types"].reindex(ops).fillna("").str.contains('"float"', regex=False).to_numpy(bool)
     fp32_op = pd.Series(False, index=k.index)
-    fp32_op.loc[k.index[k["op_index"] >= 0]] = op_types.fillna("").str.contains('"float"', regex=False).to_numpy()
+    fp32_op.loc[k.index[has_op]] = op_fp32[inverse]
     by_name = kt.names_match(k["name"], GEMM_PATTERNS)
     by_op = k["op"].astype(str).isin(MATMUL_OPS).to_numpy() | k["top_op"].astype(str).isin(MATMUL_OPS).to_numpy()
     fp32_name = kt.names_match(k["name"], (kt.NamePattern("fp32", r"sgemm|f32|fp32|float"),))
