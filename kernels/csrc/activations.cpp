@@ -31,6 +31,8 @@ float tanhf(float) __attribute__((__simd__("notinbranch")));
 
 namespace {
 
+using fusionlens::exp_nonpos;
+
 constexpr int64_t kChunk = 1024;  // fp32 elements per L1 buffer
 constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
@@ -73,27 +75,6 @@ inline void map_chunks(const std::array<const T*, NI>& in, const std::array<T*, 
       for (size_t k = 0; k < NO; ++k) store_f(obuf[k], out[k] + s, len);
     }
   }
-}
-
-// exp for arguments <= 0 (used inside erf and the GELU density): inline, so the simd loops need
-// no library call. Cephes' expf polynomial (about 2 ulp); arguments below -87 (-inf included) give
-// exactly 0, so inf * exp(-inf) stays NaN as in eager.
-inline float exp_nonpos(float x_in) {
-  const float x = x_in < -87.0f ? -87.0f : x_in;
-  const float n = std::rint(x * 1.44269504088896341f);  // x = n ln2 + r, |r| <= ln2 / 2
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r + 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x_in < -87.0f ? 0.0f : p * scale;
 }
 
 // erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, the formula ATen's vectorized erf uses).

@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -134,6 +135,27 @@ inline void commit_row(const float* buf, T* dst, int64_t n) {
 
 // Column tile of the output pass (floats): with its input slices it stays in L1.
 constexpr int64_t kTile = 1024;
+
+// exp for arguments <= 0 (softmax's s - max, erf and the GELU density): inline, so simd loops make
+// no library call. Cephes' expf polynomial (about 2 ulp); arguments below -87 (-inf included) give
+// exactly 0, so inf * exp(-inf) stays NaN as in eager; NaN stays NaN.
+inline float exp_nonpos(float x_in) {
+  const float x = x_in < -87.0f ? -87.0f : x_in;
+  const float n = std::rint(x * 1.44269504088896341f);  // x = n ln2 + r, |r| <= ln2 / 2
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x_in < -87.0f ? 0.0f : p * scale;
+}
 
 // Outputs larger than 16 MiB are written with non-temporal stores: they would not stay in cache
 // anyway, and streaming skips the read-for-ownership of every destination line (a third of the

@@ -25,31 +25,13 @@
 
 namespace {
 
+using fusionlens::exp_nonpos;
+
 // fp32 <-> storage dtype, a span at a time (vectorized bf16 bit ops / F16C), from common.h.
 template <typename T>
 inline void load_f(const T* src, float* dst, int64_t n) { fusionlens::to_float<T>(src, dst, n); }
 template <typename T>
 inline void store_f(const float* src, T* dst, int64_t n) { fusionlens::from_float<T>(src, dst, n); }
-
-// exp for arguments <= 0 (here s - max), inline so the simd loop makes no library call: Cephes'
-// expf polynomial (about 2 ulp). Below -87 (-inf included) it gives exactly 0; NaN stays NaN.
-inline float exp_nonpos(float x_in) {
-  const float x = x_in < -87.0f ? -87.0f : x_in;
-  const float n = std::rint(x * 1.44269504088896341f);  // x = n ln2 + r, |r| <= ln2 / 2
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r + 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x_in < -87.0f ? 0.0f : p * scale;
-}
 
 // ---- row primitives on fp32 (plain pointer loops: what the vectorizer handles best) --------
 // max(x * sc (+ mr)): a read-only pass (the output is first written by exp_sum, as ATen does).
