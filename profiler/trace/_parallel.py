@@ -21,6 +21,7 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -49,6 +50,10 @@ def worker_count(payload: Any, workers: int | None, min_bytes: int) -> int:
 
 
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+# A worker that neither answers nor dies (a hang) is killed after this long, and the file is decoded
+# again in one process: generous, since a loaded machine can decode 10x slower than an idle one.
+WATCHDOG_MIN_S = 60.0
+WATCHDOG_S_PER_BYTE = 1 / (2 << 20)  # allow 2 MB/s at worst
 TAIL_BYTES = 1 << 20  # where the end of the events array is looked for
 _WS = b" \t\r\n"
 
@@ -249,11 +254,20 @@ def decode_parallel(view: memoryview, base: int, path: str, procs: list[subproce
         cap = max(1 << 12, sum(b - a for a, b in run) // 250)
         proc.stdin.write(pickle.dumps((path, [(base + a, base + b) for a, b in run], cap)))
         proc.stdin.close()
-    total = decode_spans(view, runs[0], acc, skipped, release)
-    for proc in procs[:len(runs) - 1]:
-        part, part_skipped, part_total = _receive(proc.stdout)
-        merge(acc, part)
-        del part
-        skipped.update(part_skipped)
-        total += part_total
+    watchdogs = [threading.Timer(WATCHDOG_MIN_S + WATCHDOG_S_PER_BYTE * sum(b - a for a, b in run), proc.kill)
+                 for proc, run in zip(procs, runs[1:])]
+    for dog in watchdogs:
+        dog.daemon = True
+        dog.start()
+    try:
+        total = decode_spans(view, runs[0], acc, skipped, release)
+        for proc in procs[:len(runs) - 1]:
+            part, part_skipped, part_total = _receive(proc.stdout)  # a killed worker: EOF -> raises
+            merge(acc, part)
+            del part
+            skipped.update(part_skipped)
+            total += part_total
+    finally:
+        for dog in watchdogs:
+            dog.cancel()
     return total

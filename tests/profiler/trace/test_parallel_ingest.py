@@ -181,3 +181,18 @@ def test_bind_flows_matches_plain_python_with_ties():
             want_ids.append(flows["id"][f])
     assert rows.tolist() == want_rows and ids.tolist() == want_ids
     assert unbound == m - len(want_rows)
+
+
+def test_hung_worker_is_killed_and_serial_decode_takes_over(tmp_path, monkeypatch, spy):
+    monkeypatch.setattr(decode, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(P, "_SERVE", "import time; time.sleep(600)")
+    monkeypatch.setattr(P, "WATCHDOG_MIN_S", 1.0)
+    monkeypatch.setattr(P, "WATCHDOG_S_PER_BYTE", 0.0)
+    path = _plain_copy(trace_named("tracelens_h100_bert_small"), tmp_path)
+    import time
+
+    t0 = time.perf_counter()
+    par = load_trace(path, workers=2, parallel_min_bytes=1)
+    assert time.perf_counter() - t0 < 60  # not the worker's 600 s
+    assert spy == []
+    _assert_same(par, load_trace(path, workers=1))
