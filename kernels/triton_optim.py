@@ -23,17 +23,29 @@ _DT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.
 
 
 @triton.jit
-def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, step_size, bc2_sqrt, decay, w1, beta2, w2, eps,
-                  LERP_LOW: tl.constexpr, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
-                  DT: tl.constexpr, BLOCK: tl.constexpr):
+def _chunk(chunk_t, chunk_s, numels, BLOCK: tl.constexpr):
+    """This program's (tensor index, element offsets, in-bounds mask) from the chunk table."""
     c = tl.program_id(0)
     i = tl.load(chunk_t + c)
     offs = tl.load(chunk_s + c) + tl.arange(0, BLOCK)
-    mask = offs < tl.load(numels + i)
-    p_ptr = tl.load(ptrs + i * 5 + 0).to(tl.pointer_type(DT))
-    g_ptr = tl.load(ptrs + i * 5 + 1).to(tl.pointer_type(DT))
-    m_ptr = tl.load(ptrs + i * 5 + 2).to(tl.pointer_type(DT))
-    v_ptr = tl.load(ptrs + i * 5 + 3).to(tl.pointer_type(DT))
+    return c, i, offs, offs < tl.load(numels + i)
+
+
+@triton.jit
+def _slot(ptrs, i, k: tl.constexpr, DT: tl.constexpr):
+    """Tensor i's k-th data pointer (0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq)."""
+    return tl.load(ptrs + i * 5 + k).to(tl.pointer_type(DT))
+
+
+@triton.jit
+def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, step_size, bc2_sqrt, decay, w1, beta2, w2, eps,
+                  LERP_LOW: tl.constexpr, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
+                  DT: tl.constexpr, BLOCK: tl.constexpr):
+    c, i, offs, mask = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    p_ptr = _slot(ptrs, i, 0, DT)
+    g_ptr = _slot(ptrs, i, 1, DT)
+    m_ptr = _slot(ptrs, i, 2, DT)
+    v_ptr = _slot(ptrs, i, 3, DT)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if MAXIMIZE:
         g = -g
@@ -46,7 +58,7 @@ def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, step_size, bc2_sqrt, decay, w1
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32) * beta2 + w2 * g * g
     vd = v
     if AMSGRAD:
-        vm_ptr = tl.load(ptrs + i * 5 + 4).to(tl.pointer_type(DT))
+        vm_ptr = _slot(ptrs, i, 4, DT)
         vd = tl.maximum(tl.load(vm_ptr + offs, mask=mask, other=0.0).to(tl.float32), v)
         tl.store(vm_ptr + offs, vd, mask=mask)
     denom = tl.sqrt(vd) / tl.load(bc2_sqrt + i) + eps
@@ -59,14 +71,11 @@ def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, step_size, bc2_sqrt, decay, w1
 @triton.jit
 def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, inv_bc1, inv_bc2, part_p, part_u, b1, b2, w2, b3,
                  eps, inv_clip, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr):
-    c = tl.program_id(0)
-    i = tl.load(chunk_t + c)
-    offs = tl.load(chunk_s + c) + tl.arange(0, BLOCK)
-    mask = offs < tl.load(numels + i)
-    p_ptr = tl.load(ptrs + i * 5 + 0).to(tl.pointer_type(DT))
-    g_ptr = tl.load(ptrs + i * 5 + 1).to(tl.pointer_type(DT))
-    m_ptr = tl.load(ptrs + i * 5 + 2).to(tl.pointer_type(DT))
-    v_ptr = tl.load(ptrs + i * 5 + 3).to(tl.pointer_type(DT))
+    c, i, offs, mask = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    p_ptr = _slot(ptrs, i, 0, DT)
+    g_ptr = _slot(ptrs, i, 1, DT)
+    m_ptr = _slot(ptrs, i, 2, DT)
+    v_ptr = _slot(ptrs, i, 3, DT)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * inv_clip + l2 * p
     m = b1 * tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32) + b3 * g
@@ -84,13 +93,10 @@ def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, inv_bc1, inv_bc2, part_p, part_
 @triton.jit
 def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, inv_bc1, inv_bc2, step_lr, eps, dec,
                  DT: tl.constexpr, BLOCK: tl.constexpr):
-    c = tl.program_id(0)
-    i = tl.load(chunk_t + c)
-    offs = tl.load(chunk_s + c) + tl.arange(0, BLOCK)
-    mask = offs < tl.load(numels + i)
-    p_ptr = tl.load(ptrs + i * 5 + 0).to(tl.pointer_type(DT))
-    m_ptr = tl.load(ptrs + i * 5 + 2).to(tl.pointer_type(DT))
-    v_ptr = tl.load(ptrs + i * 5 + 3).to(tl.pointer_type(DT))
+    c, i, offs, mask = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    p_ptr = _slot(ptrs, i, 0, DT)
+    m_ptr = _slot(ptrs, i, 2, DT)
+    v_ptr = _slot(ptrs, i, 3, DT)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
