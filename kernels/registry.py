@@ -22,6 +22,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from kernels import _alloc
+
 # Provider preference per device type. "reference" (eager composition) is always last.
 PROVIDER_ORDER: dict[str, tuple[str, ...]] = {
     "cpu": ("cpu", "aten", "reference"),
@@ -142,7 +144,7 @@ def new_output(shape: tuple[int, ...] | torch.Size, like: torch.Tensor,
     Providers allocate every output through this (and pass it to their C++/Triton kernel), so a
     test can poison them and catch elements a kernel forgot to write.
     """
-    out = torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)
+    out = _alloc.empty(tuple(shape), dtype or like.dtype, like.device)
     if poisoning() and out.is_floating_point():
         out.fill_(float("nan"))
     return out
