@@ -1,9 +1,127 @@
-"""Allocation of kernel outputs (one place, so allocation strategy is measured and tuned once)."""
+"""Allocation of kernel outputs (one place, so the allocation strategy is measured and tuned once).
+
+Large CPU outputs get transparent-huge-page advice. glibc hands blocks over its mmap threshold
+(at most 32 MiB after it adapts) straight back to the OS on free, so every fresh output of that
+size is a new mapping whose first write takes one page fault per 4 KiB page (25k faults, ~40 ms
+for 100 MB on this VM). `madvise(MADV_HUGEPAGE)` on the 2 MiB-aligned interior of the buffer,
+before anything touches it, turns those into one fault per 2 MiB (~4x cheaper first write).
+
+- Only Linux CPU tensors of at least `HUGEPAGE_MIN_BYTES`: a smaller buffer holds at most one
+  aligned 2 MiB block, and glibc serves it from the reused heap (no faults to save) once its
+  threshold has adapted. The threshold is measured in `benchmarks/bench_alloc.py`.
+- Support is probed once (Linux, THP mode in /sys not `never`, libc's `madvise` found) and the
+  reason kept when unsupported (`hugepage_status()`); a failing madvise turns the advice off for
+  the process, with its errno as the reason. `FUSIONLENS_HUGEPAGES=0` turns it off (read per call).
+- The advice changes neither values nor layout: outputs stay plain contiguous `torch.empty`
+  tensors; memory is not touched here (poisoning fills NaN afterwards, in `registry.new_output`).
+- RSS: the whole interior of an output is written by its kernel anyway, so huge pages add no
+  resident memory for outputs; the rounding is inside the buffer (aligned interior only).
+"""
 from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from pathlib import Path
 
 import torch
 
+HUGEPAGE_BYTES = 2 << 20  # x86-64 / arm64 (4 KiB base pages) PMD size; read from /sys when present
+HUGEPAGE_MIN_BYTES = 4 << 20  # measured: below this the aligned interior is < 1 huge page on average
+MADV_HUGEPAGE = 14  # <asm-generic/mman-common.h>, the same on every Linux architecture
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+
+_lock = threading.Lock()
+_probe: tuple[object, int, str | None] | None = None  # (madvise fn or None, huge page bytes, reason)
+
+
+def _thp_mode(text: str) -> str:
+    """The selected mode of a sysfs THP setting: 'always [madvise] never' -> 'madvise'."""
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return text.strip()
+
+
+def _detect() -> tuple[object, int, str | None]:
+    """(madvise function, huge page bytes, None) when huge-page advice can work, else (None, 0, why)."""
+    if not sys.platform.startswith("linux"):
+        return None, 0, f"huge-page advice is Linux-only (platform {sys.platform})"
+    try:
+        mode = _thp_mode(THP_ENABLED.read_text())
+    except OSError as exc:
+        return None, 0, f"transparent huge pages unavailable ({THP_ENABLED}: {exc.strerror or exc})"
+    if mode not in ("always", "madvise"):
+        return None, 0, f"transparent huge pages are {mode!r} in {THP_ENABLED}"
+    try:
+        page = int(THP_PMD_SIZE.read_text().strip())
+    except (OSError, ValueError):
+        page = HUGEPAGE_BYTES
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError) as exc:
+        return None, 0, f"libc madvise not found ({exc})"
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn, page, None
+
+
+def _probed() -> tuple[object, int, str | None]:
+    global _probe
+    if _probe is None:
+        with _lock:
+            if _probe is None:
+                _probe = _detect()
+    return _probe
+
+
+def _disable(reason: str) -> None:
+    global _probe
+    with _lock:
+        _probe = (None, 0, reason)
+
+
+def hugepages_enabled_by_env() -> bool:
+    """False when FUSIONLENS_HUGEPAGES=0 (or 'false'/'off'/'no')."""
+    return os.environ.get("FUSIONLENS_HUGEPAGES", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def hugepage_status() -> str | None:
+    """None when large CPU outputs get huge-page advice, else the reason they do not."""
+    if not hugepages_enabled_by_env():
+        return "turned off by FUSIONLENS_HUGEPAGES=0"
+    return _probed()[2]
+
+
+def aligned_interior(ptr: int, nbytes: int, page: int = HUGEPAGE_BYTES) -> tuple[int, int]:
+    """(start, length) of the whole `page`-aligned blocks inside [ptr, ptr + nbytes); length may be 0."""
+    start = (ptr + page - 1) // page * page
+    end = (ptr + nbytes) // page * page
+    return start, max(end - start, 0)
+
+
+def advise_hugepages(t: torch.Tensor) -> bool:
+    """madvise(MADV_HUGEPAGE) the aligned interior of t's storage; True when advice was given."""
+    fn, page, reason = _probed()
+    if fn is None or reason is not None:
+        return False
+    start, length = aligned_interior(t.data_ptr(), t.untyped_storage().nbytes(), page)
+    if length == 0:
+        return False
+    if fn(start, length, MADV_HUGEPAGE) != 0:  # type: ignore[operator]
+        err = ctypes.get_errno()
+        _disable(f"madvise(MADV_HUGEPAGE) failed: {os.strerror(err)} (errno {err})")
+        return False
+    return True
+
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised contiguous tensor for a kernel output."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    """An uninitialised contiguous tensor for a kernel output (huge-page advice when large, see above)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if (out.device.type == "cpu" and out.numel() * out.element_size() >= HUGEPAGE_MIN_BYTES
+            and hugepages_enabled_by_env()):
+        advise_hugepages(out)
+    return out
