@@ -9,6 +9,7 @@ st.set_page_config(page_title="FusionLens", page_icon="🔬", layout="wide")
 
 PAGES = [
     st.Page("pages/load.py", title="Load", icon="📂", default=True),
+    st.Page("pages/profile.py", title="Profile a model", icon="🧪"),
 ]
 
 st.navigation(PAGES).run()

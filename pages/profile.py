@@ -1,0 +1,145 @@
+"""Profile a model page: pick a zoo / hf: / local spec, see which sources will run, capture, inspect.
+
+DESIGN.md journey 2. The run is the CLI's (`python -m profiler capture`): same files under
+`<data dir>/captures/<spec>-<time>/`, same summary and roofline table; the captured Trace becomes
+the current trace for the other pages. Rules and tables live in `pages/profile_view.py`.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import profile_view as pv
+from pages.state import set_trace
+from profiler.capture.backends import DTYPES, MODES, CapturePlan, available_backends
+from profiler.capture.ceilings import data_dir
+from profiler.capture.sources import environment, plan_sources
+from profiler.errors import FusionLensError
+
+RESULT_KEY = "fusionlens_profile_result"
+
+st.title("🧪 Profile a model")
+st.caption("Runs the model under torch.profiler (Kineto) with a separate untimed FLOPs/bytes pass, then "
+           "places every op against the machine's roofline. Same files as `python -m profiler capture`.")
+
+# ------------------------------------------------------------------ model
+kinds = pv.model_kinds()
+usable = [k.kind for k in kinds if k.reason is None]
+kind = st.radio("Model", usable, format_func=pv.KIND_LABELS.get, key="profile_kind", horizontal=True)
+for k in kinds:
+    if k.reason:
+        st.caption(f"🚫 {k.label} is off: {k.reason}")
+
+size, settings = "small", ""
+if kind in ("zoo", "hf"):
+    choices = pv.zoo_choices() if kind == "zoo" else pv.hf_choices()
+    col_name, col_size, col_set = st.columns([2, 1, 2])
+    name = col_name.selectbox("Zoo model" if kind == "zoo" else "hf: model", list(choices), key=f"profile_{kind}",
+                              format_func=lambda n: f"{n}: {choices[n][0]}")
+    sizes = list(choices[name][1])
+    size = col_size.selectbox("Size", sizes, index=sizes.index("small") if "small" in sizes else 0,
+                              key="profile_size")
+    settings = col_set.text_input("Settings (optional)", key="profile_settings", placeholder="layers=2, dim=64",
+                                  help="KEY=VALUE overrides of the preset, comma-separated")
+    spec = name if kind == "zoo" else f"hf:{name}"
+else:
+    spec = st.text_input("Model spec", key="profile_spec", placeholder="path/to/file.py:build or package.module:build",
+                         help="A function returning (model, inputs); inputs a tuple or a dict of tensors. "
+                              "It may take batch=, device=, dtype= keywords.")
+    st.caption("⚠️ This imports and runs that Python code inside this server. Only specs typed here are "
+               "imported, never uploaded files; relative paths start from the server's folder.")
+
+# ------------------------------------------------------------------ run settings
+env = environment()
+cols = st.columns(5)
+device = cols[0].selectbox("Device", ["cpu", "cuda"], key="profile_device",
+                           format_func=lambda d: d if d == "cpu" or not env["cuda"] else f"{d} (unavailable)")
+if env["cuda"]:
+    cols[0].caption(f"🚫 cuda: {env['cuda']}")
+dtype = cols[1].selectbox("dtype", DTYPES, key="profile_dtype")
+mode = cols[2].radio("Mode", MODES, key="profile_mode", horizontal=True,
+                     format_func={"train": "train (fwd+bwd+AdamW)", "infer": "infer"}.get)
+batch = cols[3].number_input("Batch", min_value=1, value=None, step=1, key="profile_batch",
+                             placeholder="preset", help="Empty: the preset's batch (local specs: their own)")
+ceilings = cols[4].selectbox("Roofline ceilings", list(pv.CEILING_LABELS), key="profile_ceilings",
+                             format_func=lambda c: f"{c}: {pv.CEILING_LABELS[c]}")
+cols = st.columns(3)
+wait = cols[0].number_input("Wait steps (unprofiled)", 0, 100, 1, key="profile_wait")
+warmup = cols[1].number_input("Warm-up steps (profiled, discarded)", 0, 100, 1, key="profile_warmup")
+active = cols[2].number_input("Active steps (kept)", 1, 100, 3, key="profile_active")
+
+backends = available_backends()
+with st.expander("Heavier options and backend"):
+    heavy = {k: st.checkbox(label, key=f"profile_{k}", help=cost) for k, (label, cost) in pv.HEAVY_OPTIONS.items()}
+    st.caption("Overheads measured on the small zoo models (README, Capture); the default capture costs 2-9% there "
+               "and under 3% on the medium ones.")
+    backend = st.selectbox("Backend", sorted(backends, key=lambda b: b != "kineto"), key="profile_backend",
+                           format_func=lambda b: b if backends[b] is None else f"{b} (unavailable)")
+    for name_, reason in backends.items():
+        if reason:
+            st.caption(f"🚫 {name_}: {reason}")
+    flops = st.checkbox("FLOPs/bytes pass (untimed; needed for the roofline)", value=True, key="profile_flops")
+    nvml = st.checkbox("NVML counters (GPU)", value=True, key="profile_nvml")
+
+# ------------------------------------------------------------------ sources panel
+st.subheader("Sources")
+preview = CapturePlan(device=device, backend=backend, flops=flops, nvml=nvml)
+st.dataframe(pv.sources_frame(plan_sources(preview, env)), hide_index=True, width="stretch")
+
+# ------------------------------------------------------------------ run
+if st.button("Profile", type="primary", key="profile_run"):
+    bar = st.progress(0.0, text="starting")
+
+    def progress(done: int, total: int, message: str) -> None:
+        bar.progress(min(done / max(total, 1), 1.0), text=message)
+
+    try:
+        request = pv.make_request(spec, size=size, batch=batch, settings=settings, device=device, dtype=dtype,
+                                  mode=mode, wait=wait, warmup=warmup, active=active, backend=backend,
+                                  ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml)
+        outcome = pv.run_profile(request, data_dir() / "captures", progress, env)
+    except (FusionLensError, MemoryError, OSError) as exc:
+        st.session_state.pop(RESULT_KEY, None)
+        st.error(pv.error_line(spec, exc))
+    else:
+        set_trace(outcome.trace, request.label)
+        st.session_state[RESULT_KEY] = outcome
+    finally:
+        bar.empty()
+
+outcome = st.session_state.get(RESULT_KEY)
+if outcome is None:
+    st.info("Pick a model and press Profile. The captured trace becomes the current trace for the other pages.")
+    st.stop()
+
+# ------------------------------------------------------------------ results
+summary = outcome.summary
+st.subheader(outcome.request.label)
+metrics = pv.summary_metrics(summary)
+for row in (metrics[:4], metrics[4:]):
+    for col, (label, value) in zip(st.columns(4), row):
+        col.metric(label, value)
+st.caption("Bytes are an algorithmic lower bound: inputs + outputs of each op at their dtypes, views excluded; "
+           "not measured DRAM traffic.")
+
+if summary.get("sources_off"):
+    st.markdown("**Sources off in this capture**")
+    st.dataframe(pv.sources_off_frame(summary["sources_off"]), hide_index=True, width="stretch")
+
+st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} op types by headroom**")
+roof = pv.roofline_frame(outcome.roofline)
+if roof.empty:
+    st.warning(f"No roofline table: {summary.get('roofline_missing') or 'no op carried FLOPs and bytes'}")
+else:
+    used = summary.get("roofline_ceilings") or {}
+    st.caption(f"Ceilings: {used.get('source', '?')}; bandwidth {pv.si(used.get('mem_bw_bytes_per_s'), 'B/s')}. "
+               "Intensity is algorithmic (FLOPs / lower-bound bytes). Headroom = time - time at the roof.")
+    st.dataframe(roof, hide_index=True, width="stretch")
+
+st.markdown("**Files written**")
+st.dataframe(pv.files_frame(summary), hide_index=True, width="stretch")
+cols = st.columns(2)
+if outcome.roofline is not None:
+    cols[0].download_button("Download roofline CSV", outcome.roofline.to_csv(index=False), key="profile_dl_csv",
+                            file_name=f"{outcome.out_dir.name}-roofline.csv", mime="text/csv")
+cols[1].download_button("Download summary JSON", outcome.summary_json, key="profile_dl_json",
+                        file_name=f"{outcome.out_dir.name}-summary.json", mime="application/json")

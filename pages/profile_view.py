@@ -1,0 +1,275 @@
+"""Pure helpers behind the "Profile a model" page: option lists, the request, the run, result tables.
+
+No streamlit here (the page draws; this module decides), so every rule is unit-testable. The run
+is the CLI's: `runner.capture` then `report.write_outputs` into
+`<data dir>/captures/<spec>-<UTC time>/` (data dir: $FUSIONLENS_DATA_DIR, default ./.fusionlens).
+Model code is imported only from the spec the person at the server typed (DESIGN.md, Quality bars).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import pandas as pd
+
+from profiler.capture.backends import CaptureError, CapturePlan
+from profiler.errors import FusionLensError
+
+MODEL_KINDS = ("zoo", "hf", "local")
+KIND_LABELS = {"zoo": "Built-in zoo model", "hf": "Hugging Face config (hf:NAME)",
+               "local": "Local spec (path/to/file.py:build or package.module:build)"}
+CEILING_LABELS = {"measured": "measured on this machine (cached; the first run takes ~10 s)",
+                  "quick": "quick measurement (~1-3 s, smaller sizes)",
+                  "table": "device datasheet table (GPU traces)", "none": "no roofline"}
+# The heavier Kineto options and their measured overhead on the small zoo models
+# (README "Capture", benchmarks/bench_capture.py; default capture: 2-9% on small models).
+HEAVY_OPTIONS = {
+    "record_shapes": ("Record shapes", "+3-5 points of step time; joined ops get shapes from the FLOPs pass anyway"),
+    "profile_memory": ("Record memory", "9-19% step-time overhead; allocator events in the trace"),
+    "with_stack": ("Record Python stacks", "10-20% step-time overhead"),
+}
+ROOFLINE_TOP = 15
+
+
+class ProfileInputError(FusionLensError):
+    """A page input that cannot be run (empty spec, bad settings, unusable device): one line."""
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One way to name a model; `reason` says why it is off here (None = usable)."""
+
+    kind: str
+    label: str
+    reason: Optional[str] = None
+
+
+def model_kinds() -> list[ModelKind]:
+    """Zoo, hf: (off without `transformers`, with the reason) and local specs."""
+    from profiler.capture.hf import transformers_unavailable_reason
+
+    return [ModelKind(k, KIND_LABELS[k], transformers_unavailable_reason() if k == "hf" else None)
+            for k in MODEL_KINDS]
+
+
+def zoo_choices() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Zoo model name -> (one-line description, preset sizes), from the zoo registry."""
+    from profiler.capture.zoo import zoo_models
+
+    return {name: (entry.doc, tuple(entry.presets)) for name, entry in sorted(zoo_models().items())}
+
+
+def hf_choices() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """hf: model name -> (description, preset sizes), from the hf registry."""
+    from profiler.capture.hf import HF_MODELS, HF_PRESETS
+
+    return {name: (entry.doc, tuple(HF_PRESETS)) for name, entry in sorted(HF_MODELS.items())}
+
+
+def parse_settings(text: str) -> dict[str, Any]:
+    """'layers=2, dim=64' -> {'layers': 2, 'dim': 64} (int, float or str values)."""
+    out: dict[str, Any] = {}
+    for item in (part.strip() for part in text.replace("\n", ",").split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier() or not value.strip():
+            raise ProfileInputError(f"settings: expected KEY=VALUE, got {item!r}")
+        value = value.strip()
+        for cast in (int, float):
+            try:
+                out[key.strip()] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key.strip()] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """Everything one run needs. size: zoo/hf preset (ignored by local specs); batch None = preset."""
+
+    spec: str
+    plan: CapturePlan
+    size: str = "small"
+    batch: Optional[int] = None
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ceilings: str = "measured"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", self.spec.strip())
+        if not self.spec:
+            raise ProfileInputError("no model spec: pick a zoo model or type path/to/file.py:build")
+        if self.batch is not None and (not isinstance(self.batch, int) or self.batch < 1):
+            raise ProfileInputError(f"spec {self.spec!r}: batch must be a positive integer, got {self.batch!r}")
+        if self.ceilings not in CEILING_LABELS:
+            raise ProfileInputError(f"ceilings must be one of {', '.join(CEILING_LABELS)}, got {self.ceilings!r}")
+
+    @property
+    def label(self) -> str:
+        """How the captured trace is named on the other pages."""
+        p = self.plan
+        size = "" if self.spec_kind == "local" else f" ({self.size})"
+        return f"captured: {self.spec}{size}, {p.device}/{p.dtype}, {p.mode}, {p.active} active step(s)"
+
+    @property
+    def spec_kind(self) -> str:
+        from profiler.capture.spec import split_spec
+
+        kind = split_spec(self.spec)[0]
+        return kind if kind in ("zoo", "hf") else "local"
+
+
+def make_request(spec: str, *, size: str, batch: Optional[int], settings: str, device: str, dtype: str,
+                 mode: str, wait: int, warmup: int, active: int, backend: str, ceilings: str,
+                 heavy: Mapping[str, bool], flops: bool = True, nvml: bool = True) -> ProfileRequest:
+    """Build and validate a request from the form's values; ProfileInputError names the spec."""
+    spec = spec.strip()
+    try:
+        plan = CapturePlan(device=device, dtype=dtype, mode=mode, wait=int(wait), warmup=int(warmup),
+                           active=int(active), backend=backend, flops=flops, nvml=nvml,
+                           **{k: bool(heavy.get(k, False)) for k in HEAVY_OPTIONS})
+    except CaptureError as exc:
+        raise ProfileInputError(f"spec {spec!r}: {exc}") from None
+    return ProfileRequest(spec, plan, size, None if batch in (None, 0) else int(batch),
+                          parse_settings(settings), ceilings)
+
+
+def unique_out_dir(spec: str, root: Path) -> Path:
+    """`report.default_out_dir` under `root`, with -2, -3, ... when a run in the same second took it."""
+    from profiler.capture.report import default_out_dir
+
+    base = default_out_dir(spec, root)
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    """One finished run: the Trace, the CLI's summary dict, the roofline table (or None) and folder."""
+
+    request: ProfileRequest
+    trace: Any
+    summary: Mapping[str, Any]
+    roofline: Optional[pd.DataFrame]
+    out_dir: Path
+    summary_json: str = "{}"
+
+
+def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]] = None,
+                env: Optional[dict] = None) -> ProfileOutcome:
+    """Capture `req` as `python -m profiler capture` does and write its files under `root`.
+
+    Raises FusionLensError (SpecError, CaptureError, ProfileInputError), MemoryError or OSError.
+    """
+    from profiler.capture.report import write_outputs
+    from profiler.capture.runner import capture
+    from profiler.capture.sources import blocking_reason
+
+    reason = blocking_reason(req.plan, env)
+    if reason:
+        raise ProfileInputError(f"spec {req.spec!r}: {reason}")
+    say = progress or (lambda done, total, msg: None)
+    out_dir = unique_out_dir(req.spec, root)
+    out_dir.mkdir(parents=True)
+    result = capture(req.spec, req.plan, out_dir, size=req.size, batch=req.batch,
+                     overrides=dict(req.overrides), progress=say)
+    say(req.plan.steps, req.plan.steps, "writing the trace (Parquet), roofline and summary")
+    summary = write_outputs(result, req.plan, out_dir, req.ceilings,
+                            {"spec": req.spec, "nproc": 1, "source": "dashboard"})
+    roof_path = out_dir / "roofline.csv"
+    roofline = pd.read_csv(roof_path) if roof_path.is_file() else None
+    summary_json = Path(summary["files"]["summary"]).read_text()
+    return ProfileOutcome(req, result.trace, summary, roofline, out_dir, summary_json)
+
+
+def error_line(spec: str, exc: BaseException) -> str:
+    """One line naming the spec and the cause, for st.error."""
+    text = " ".join(str(exc).split())
+    spec = spec.strip()
+    if isinstance(exc, MemoryError):
+        text = f"ran out of memory ({type(exc).__name__}: {text or 'no detail'}); try a smaller batch or size"
+    elif isinstance(exc, OSError):
+        text = f"{type(exc).__name__}: {text}"
+    if spec and not text.startswith(f"spec {spec!r}"):
+        text = f"spec {spec!r}: {text}"
+    return text[:500]
+
+
+# ---------------------------------------------------------------- result tables (DataFrames to draw)
+def si(x: Optional[float], unit: str = "") -> str:
+    """1234567 -> '1.23 M<unit>' (decimal prefixes); None/NaN -> '-'."""
+    if x is None or pd.isna(x):
+        return "-"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def sources_frame(statuses: list) -> pd.DataFrame:
+    """SourceStatus list -> (source, state, reason) rows for the Sources panel."""
+    return pd.DataFrame({"source": [s.label for s in statuses],
+                         "state": ["on" if s.on else "off" for s in statuses],
+                         "reason": [s.reason for s in statuses]})
+
+
+def summary_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) pairs for the run's headline numbers, from write_outputs' summary."""
+    kinds = summary.get("events_by_kind", {})
+    step_us = summary.get("step_time_us_median")
+    timings = summary.get("timings_s", {})
+    return [
+        ("Profiled steps", f"{summary.get('profiled_steps', 0):,}"),
+        ("Median step time", "-" if step_us is None else f"{step_us / 1e3:,.3f} ms"),
+        ("CPU ops", f"{kinds.get('cpu_op', 0):,}"),
+        ("GPU kernels", f"{kinds.get('kernel', 0):,}"),
+        ("Events", f"{summary.get('events', 0):,}"),
+        ("FLOPs counted", si(summary.get("flops_total"), "FLOP")),
+        ("Bytes (algorithmic lower bound)", si(summary.get("bytes_moved_total"), "B")),
+        ("Capture time", f"{timings.get('total_s', float('nan')):.1f} s"),
+    ]
+
+
+def sources_off_frame(sources_off: Mapping[str, str]) -> pd.DataFrame:
+    """What did not run in this capture and why."""
+    return pd.DataFrame({"source": list(sources_off), "why it was off": list(sources_off.values())})
+
+
+def files_frame(summary: Mapping[str, Any]) -> pd.DataFrame:
+    """(file, path) for every file the run wrote."""
+    rows = []
+    for name, path in summary.get("files", {}).items():
+        for p in (path if isinstance(path, list) else [path]):
+            rows.append((name, str(p)))
+    return pd.DataFrame(rows, columns=["file", "path"])
+
+
+def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) -> pd.DataFrame:
+    """The roofline table's `top` op types by headroom, with display names and units.
+
+    roof GFLOP/s = what the roof allows at the op's intensity, min(peak, intensity x bandwidth),
+    which is flops / time_at_roof; % of roof = time at roof / measured time (the CSV's pct_of_roof).
+    """
+    if roofline is None or roofline.empty:
+        return pd.DataFrame()
+    r = roofline.sort_values("headroom_us", ascending=False).head(top)
+    at_roof_s = r["time_at_roof_us"] / 1e6
+    roof = (r["flops"] / at_roof_s).where((r["flops"] > 0) & (at_roof_s > 0))
+    return pd.DataFrame({
+        "op": r["name"].astype(str), "kind": r["kind"].astype(str), "dtype": r["dtype"].astype(str),
+        "calls": r["count"].astype(int), "time (µs)": r["dur_us"].round(1),
+        "headroom (µs)": r["headroom_us"].round(1),
+        "FLOPs": r["flops"], "bytes (algorithmic lower bound)": r["bytes_moved"],
+        "intensity (FLOP/byte)": r["algorithmic_intensity_flop_per_byte"].round(3),
+        "achieved GFLOP/s": (r["achieved_flops_per_s"] / 1e9).round(3),
+        "roof GFLOP/s": (roof / 1e9).round(3), "% of roof": r["pct_of_roof"].round(3),
+        "bound": r["bound"].astype(str),
+    }).reset_index(drop=True)
