@@ -1,0 +1,215 @@
+"""The Profile page through streamlit's AppTest (real captures of tiny models, no browser), and the
+pure helpers behind it (pages/profile_view.py)."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from pages import profile_view as pv
+from profiler.capture.zoo import zoo_config, zoo_models
+from profiler.trace.model import Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "pages/profile.py"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """One data dir per module (per xdist worker): the quick CPU ceilings are measured once."""
+    return tmp_path_factory.mktemp("fl_data")
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, data_dir):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(data_dir))
+
+
+def _page() -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    at.switch_page(PAGE).run()
+    assert not at.exception
+    return at
+
+
+def _fast(at: AppTest) -> None:
+    """Tiny runs: 1 active step, no unprofiled wait, quick ceilings."""
+    at.number_input(key="profile_wait").set_value(0)
+    at.number_input(key="profile_active").set_value(1)
+    at.selectbox(key="profile_ceilings").select("quick")
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _local(at: AppTest, spec: str) -> AppTest:
+    at.radio(key="profile_kind").set_value("local").run()
+    at.text_input(key="profile_spec").input(spec)
+    _fast(at)
+    return at.button(key="profile_run").click().run()
+
+
+def test_page_renders_zoo_from_registry_and_sources_panel():
+    at = _page()
+    assert at.title[0].value.endswith("Profile a model")
+    options = at.selectbox(key="profile_zoo").options  # "name: description" labels
+    assert [o.split(":")[0] for o in options] == sorted(zoo_models())
+    sources = at.dataframe[0].value.set_index("source")
+    for label in ("NVML counters", "CUPTI tracer"):  # off on any machine for a cpu Kineto capture
+        assert sources.loc[label, "state"] == "off" and sources.loc[label, "reason"].strip()
+    assert sources.loc["Kineto (torch.profiler)", "state"] == "on"
+    if not torch.cuda.is_available():
+        assert "CPU-only build" in sources.loc["CUDA", "reason"] or "no CUDA device" in sources.loc["CUDA", "reason"]
+    assert any("Pick a model" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_zoo_capture_becomes_current_trace(mode, data_dir):
+    at = _page()
+    at.selectbox(key="profile_zoo").select("mlp")
+    at.selectbox(key="profile_size").select("tiny")
+    at.radio(key="profile_mode").set_value(mode)
+    _fast(at)
+    at.button(key="profile_run").click().run()
+    assert not at.exception and not at.error
+
+    trace = at.session_state["fusionlens_trace"]
+    assert isinstance(trace, Trace) and trace.meta["capture"]["spec"] == "mlp"
+    assert at.session_state["fusionlens_trace_label"].startswith("captured: mlp (tiny), cpu/float32, " + mode)
+
+    # the numbers on the page, recomputed from the raw Kineto JSON the run wrote
+    (folder,) = [p for p in (data_dir / "captures").iterdir() if p.name.startswith("mlp-")
+                 and json.loads((p / "summary.json").read_text())["plan"]["mode"] == mode]
+    raw = json.loads((folder / "kineto_rank0.pt.trace.json").read_text())["traceEvents"]
+    steps = [e["dur"] for e in raw if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    ops = [e for e in raw if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    m = _metrics(at)
+    assert m["Profiled steps"] == str(len(steps)) == "1"
+    assert m["Median step time"] == f"{statistics.median(steps) / 1e3:,.3f} ms"
+    assert m["CPU ops"] == f"{len(ops):,}"
+
+    # roofline: the two Linear layers' addmm, hand-counted from the tiny preset
+    cfg = zoo_config("mlp", "tiny")
+    b, f, h, o = cfg.batch, cfg.features, cfg.hidden, cfg.outputs
+    roof = next(d.value for d in at.dataframe if "headroom (µs)" in d.value.columns)
+    assert list(roof["headroom (µs)"]) == sorted(roof["headroom (µs)"], reverse=True)
+    addmm = roof[roof["op"] == "aten::addmm"].iloc[0]
+    assert addmm["FLOPs"] == 2 * b * (f * h + h * o)
+    assert addmm["bytes (algorithmic lower bound)"] == 4 * ((h + b * f + f * h + b * h) + (o + b * h + h * o + b * o))
+    files = next(d.value for d in at.dataframe if "path" in d.value.columns)
+    assert all(Path(p).exists() for p in files["path"])
+    assert {b.label for b in at.get("download_button")} == {"Download roofline CSV", "Download summary JSON"}
+
+    at.switch_page("pages/load.py").run()  # the Load page shows the captured trace
+    assert not at.exception
+    assert at.subheader[0].value.startswith("captured: mlp")
+    assert _metrics(at)["Events"] == f"{len(trace.events):,}"
+
+
+BAD_SPECS = {
+    "raises.py": ("def build():\n    raise ValueError('bad config 42')\n", "bad config 42"),
+    "wrong.py": ("def build():\n    return 3\n", "must return (model, inputs)"),
+    "oom.py": ("def build():\n    raise MemoryError('simulated')\n", "ran out of memory"),
+}
+
+
+def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path):
+    at = _page()
+    cases = [(f"{tmp_path / name}:build", cause) for name, (_, cause) in BAD_SPECS.items()]
+    for name, (code, _) in BAD_SPECS.items():
+        (tmp_path / name).write_text(code)
+    cases += [(f"{tmp_path / 'missing.py'}:build", "file not found"),
+              ("fl_no_such_package.models:build", "no module named"),
+              ("mlp-typo", "not a zoo model")]
+    for spec, cause in cases:
+        _local(at, spec)
+        assert not at.exception
+        assert len(at.error) == 1, spec
+        line = at.error[0].value
+        assert f"spec {spec!r}" in line and cause in line and "\n" not in line
+    good = tmp_path / "good.py"
+    good.write_text("import torch\n\ndef build(batch=3):\n"
+                    "    return torch.nn.Linear(5, 2), (torch.randn(batch, 5),)\n")
+    _local(at, f"{good}:build")
+    assert not at.exception and not at.error
+    assert _metrics(at)["Profiled steps"] == "1"
+    assert at.session_state["fusionlens_trace_label"].startswith(f"captured: {good}:build, cpu/float32")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_cuda_without_gpu_is_one_line():
+    at = _page()
+    at.selectbox(key="profile_zoo").select("mlp")
+    at.selectbox(key="profile_device").select("cuda").run()
+    sources = at.dataframe[0].value.set_index("source")
+    assert sources.loc["CUDA", "state"] == "off" and sources.loc["NVML counters", "state"] == "off"
+    at.button(key="profile_run").click().run()
+    assert not at.exception and len(at.error) == 1
+    assert at.error[0].value.startswith("spec 'mlp': device cuda is unavailable here: ")
+
+
+# ---------------------------------------------------------------- pure helpers
+def test_parse_settings():
+    assert pv.parse_settings("layers=2, dim=64\nname=x, lr=0.5") == {"layers": 2, "dim": 64, "name": "x", "lr": 0.5}
+    assert pv.parse_settings(" ") == {}
+    for bad in ("layers", "=3", "2x=1", "a="):
+        with pytest.raises(pv.ProfileInputError, match="KEY=VALUE"):
+            pv.parse_settings(bad)
+
+
+def test_make_request_validates():
+    kw = dict(size="tiny", batch=None, settings="", device="cpu", dtype="float32", mode="infer", wait=0,
+              warmup=1, active=1, backend="kineto", ceilings="quick", heavy={"with_stack": True})
+    req = pv.make_request(" mlp ", **kw)
+    assert req.spec == "mlp" and req.plan.with_stack and not req.plan.profile_memory and req.spec_kind == "zoo"
+    with pytest.raises(pv.ProfileInputError, match="no model spec"):
+        pv.make_request("  ", **kw)
+    with pytest.raises(pv.ProfileInputError, match="spec 'mlp': active steps must be >= 1"):
+        pv.make_request("mlp", **{**kw, "active": 0})
+
+
+def test_error_line_is_one_line_naming_the_spec():
+    assert pv.error_line("a.py:build", OSError(2, "No such file")) == "spec 'a.py:build': FileNotFoundError: [Errno 2] No such file"
+    assert pv.error_line("m", MemoryError()).startswith("spec 'm': ran out of memory")
+    assert pv.error_line("m", ValueError("spec 'm': two\nlines")) == "spec 'm': two lines"
+    assert pv.error_line("", ValueError("no model spec")) == "no model spec"
+
+
+def test_roofline_frame_known_answers():
+    # op a: 1e9 FLOP, 1e8 B in 1000 us; at roof (peak 1e12, bw 1e10): max(1 ms, 10 ms) = 10 ms
+    csv = pd.DataFrame({"kind": ["cpu_op"] * 2, "name": ["a", "b"], "dtype": ["fp32"] * 2, "count": [1, 2],
+                        "dur_us": [20_000.0, 100.0], "flops": [1e9, 0.0], "bytes_moved": [1e8, 1e6],
+                        "time_at_roof_us": [10_000.0, 100.0], "headroom_us": [10_000.0, 0.0],
+                        "peak_flops_per_s": [1e12] * 2, "algorithmic_intensity_flop_per_byte": [10.0, 0.0],
+                        "achieved_flops_per_s": [5e10, 0.0], "achieved_bytes_per_s": [5e9, 1e10],
+                        "bound": ["memory", "memory"], "pct_of_roof": [50.0, 100.0]})
+    out = pv.roofline_frame(csv.iloc[::-1], top=1)
+    assert len(out) == 1 and out.loc[0, "op"] == "a"
+    assert out.loc[0, "roof GFLOP/s"] == 100.0  # min(1e12, 10 FLOP/B x 1e10 B/s) = 1e11
+    assert out.loc[0, "achieved GFLOP/s"] == 50.0 and out.loc[0, "% of roof"] == 50.0
+    assert pd.isna(pv.roofline_frame(csv).loc[1, "roof GFLOP/s"])  # no FLOPs: no FLOP/s roof
+    assert pv.roofline_frame(None).empty
+
+
+def test_unique_out_dir(tmp_path):
+    first = pv.unique_out_dir("a/b.py:build", tmp_path)
+    assert first.parent == tmp_path and first.name.startswith("a_b.py_build-")
+    first.mkdir()
+    second = pv.unique_out_dir("a/b.py:build", tmp_path)
+    assert not second.exists()
+    assert second.name == first.name + "-2" or second.name > first.name  # same second, or a later one
+
+
+def test_summary_metrics_format():
+    m = dict(pv.summary_metrics({"profiled_steps": 3, "step_time_us_median": 1500.0, "events_by_kind": {"cpu_op": 12},
+                                 "events": 20, "flops_total": 2.5e9, "bytes_moved_total": 1234.0,
+                                 "timings_s": {"total_s": 2.0}}))
+    assert m["Median step time"] == "1.500 ms" and m["FLOPs counted"] == "2.5 GFLOP"
+    assert m["Bytes (algorithmic lower bound)"] == "1.23 kB" and m["GPU kernels"] == "0"
