@@ -83,7 +83,7 @@ with st.expander("Heavier options and backend"):
 # ------------------------------------------------------------------ sources panel
 st.subheader("Sources")
 preview = CapturePlan(device=device, backend=backend, flops=flops, nvml=nvml)
-st.dataframe(pv.sources_frame(plan_sources(preview, env)), hide_index=True, width="stretch")
+st.table(pv.sources_frame(plan_sources(preview, env)), hide_index=True, border="horizontal")
 
 # ------------------------------------------------------------------ run
 if st.button("Profile", type="primary", key="profile_run"):
@@ -118,25 +118,32 @@ metrics = pv.summary_metrics(summary)
 for row in (metrics[:4], metrics[4:]):
     for col, (label, value) in zip(st.columns(4), row):
         col.metric(label, value)
-st.caption("Bytes are an algorithmic lower bound: inputs + outputs of each op at their dtypes, views excluded; "
-           "not measured DRAM traffic.")
+st.caption(pv.BYTES_NOTE)
 
 if summary.get("sources_off"):
     st.markdown("**Sources off in this capture**")
-    st.dataframe(pv.sources_off_frame(summary["sources_off"]), hide_index=True, width="stretch")
+    st.table(pv.sources_off_frame(summary["sources_off"]), hide_index=True, border="horizontal")
 
 st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} op types by headroom**")
 roof = pv.roofline_frame(outcome.roofline)
 if roof.empty:
     st.warning(f"No roofline table: {summary.get('roofline_missing') or 'no op carried FLOPs and bytes'}")
 else:
-    used = summary.get("roofline_ceilings") or {}
-    st.caption(f"Ceilings: {used.get('source', '?')}; bandwidth {pv.si(used.get('mem_bw_bytes_per_s'), 'B/s')}. "
-               "Intensity is algorithmic (FLOPs / lower-bound bytes). Headroom = time - time at the roof.")
-    st.dataframe(roof, hide_index=True, width="stretch")
+    st.caption(pv.ceilings_note(summary.get("roofline_ceilings"), outcome.request.plan.dtype) +
+               " Intensity is algorithmic (FLOPs / lower-bound bytes). Headroom = time - time at the roof.")
+    num = st.column_config.NumberColumn
+    st.dataframe(roof, hide_index=True, width="stretch", column_config={
+        "op": st.column_config.TextColumn(width="medium"), "kind": st.column_config.TextColumn(width="small"),
+        "dtype": st.column_config.TextColumn(width="small"), "calls": num(width="small"),
+        "FLOPs": num(format="compact", help="counted by the untimed FLOPs pass"),
+        "bytes (algorithmic lower bound)": num(format="compact", help=pv.BYTES_NOTE),
+        "intensity (FLOP/byte)": num(format="%.3g", help="algorithmic intensity: FLOPs / lower-bound bytes"),
+        "achieved GFLOP/s": num(format="%.3g"),
+        "roof GFLOP/s": num(format="%.3g", help="what the roof allows at this intensity: min(peak, intensity x bandwidth)"),
+        "% of roof": num(format="%.3g %%", help="time at the roof / measured time")})
 
 st.markdown("**Files written**")
-st.dataframe(pv.files_frame(summary), hide_index=True, width="stretch")
+st.table(pv.files_frame(summary), hide_index=True, border="horizontal")
 cols = st.columns(2)
 if outcome.roofline is not None:
     cols[0].download_button("Download roofline CSV", outcome.roofline.to_csv(index=False), key="profile_dl_csv",

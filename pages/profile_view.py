@@ -31,6 +31,8 @@ HEAVY_OPTIONS = {
     "with_stack": ("Record Python stacks", "10-20% step-time overhead"),
 }
 ROOFLINE_TOP = 15
+BYTES_NOTE = ("Bytes are an algorithmic lower bound: inputs + outputs of each op at their dtypes, views excluded; "
+              "not measured DRAM traffic.")
 
 
 class ProfileInputError(FusionLensError):
@@ -217,7 +219,7 @@ def si(x: Optional[float], unit: str = "") -> str:
 def sources_frame(statuses: list) -> pd.DataFrame:
     """SourceStatus list -> (source, state, reason) rows for the Sources panel."""
     return pd.DataFrame({"source": [s.label for s in statuses],
-                         "state": ["on" if s.on else "off" for s in statuses],
+                         "state": ["✅ on" if s.on else "🚫 off" for s in statuses],
                          "reason": [s.reason for s in statuses]})
 
 
@@ -252,6 +254,19 @@ def files_frame(summary: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["file", "path"])
 
 
+def ceilings_note(used: Optional[Mapping[str, Any]], dtype: str) -> str:
+    """One line naming the roofs the table used: source, mode, cache, peak for `dtype`, bandwidth."""
+    from profiler.capture.report import ROOF_DTYPES
+
+    if not used:
+        return "Ceilings: none recorded."
+    details = used.get("details") or {}
+    how = ", ".join(f"{label}{details[k]}" for k, label in (("mode", ""), ("cache", "cache ")) if details.get(k))
+    peak = (used.get("peak_flops_per_s") or {}).get(ROOF_DTYPES.get(dtype, "fp32"))
+    return (f"Ceilings: {used.get('source', '?')}{f' ({how})' if how else ''}: peak {si(peak, 'FLOP/s')} "
+            f"({ROOF_DTYPES.get(dtype, dtype)}), bandwidth {si(used.get('mem_bw_bytes_per_s'), 'B/s')}.")
+
+
 def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) -> pd.DataFrame:
     """The roofline table's `top` op types by headroom, with display names and units.
 
@@ -264,12 +279,10 @@ def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) ->
     at_roof_s = r["time_at_roof_us"] / 1e6
     roof = (r["flops"] / at_roof_s).where((r["flops"] > 0) & (at_roof_s > 0))
     return pd.DataFrame({
-        "op": r["name"].astype(str), "kind": r["kind"].astype(str), "dtype": r["dtype"].astype(str),
-        "calls": r["count"].astype(int), "time (µs)": r["dur_us"].round(1),
-        "headroom (µs)": r["headroom_us"].round(1),
+        "op": r["name"].astype(str), "headroom (µs)": r["headroom_us"].round(1), "time (µs)": r["dur_us"].round(1),
+        "% of roof": r["pct_of_roof"], "bound": r["bound"].astype(str),
+        "achieved GFLOP/s": r["achieved_flops_per_s"] / 1e9, "roof GFLOP/s": roof / 1e9,
+        "intensity (FLOP/byte)": r["algorithmic_intensity_flop_per_byte"],
         "FLOPs": r["flops"], "bytes (algorithmic lower bound)": r["bytes_moved"],
-        "intensity (FLOP/byte)": r["algorithmic_intensity_flop_per_byte"].round(3),
-        "achieved GFLOP/s": (r["achieved_flops_per_s"] / 1e9).round(3),
-        "roof GFLOP/s": (roof / 1e9).round(3), "% of roof": r["pct_of_roof"].round(3),
-        "bound": r["bound"].astype(str),
+        "calls": r["count"].astype(int), "dtype": r["dtype"].astype(str), "kind": r["kind"].astype(str),
     }).reset_index(drop=True)

@@ -73,3 +73,59 @@ def test_upload_shows_summary(server, tmp_path):
         shot.mkdir(exist_ok=True)
         page.screenshot(path=str(shot / "load.png"), full_page=True)
         browser.close()
+
+
+def test_profile_page_runs_a_tiny_zoo_model(server):
+    import re
+
+    from playwright.sync_api import expect, sync_playwright
+
+    def settle() -> None:  # a widget change reruns the script: wait until it has finished
+        page.wait_for_timeout(300)
+        page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
+
+    def pick(label: str, option: str) -> None:
+        box = page.get_by_role("combobox", name=label)
+        box.click()
+        page.get_by_role("option", name=re.compile("^" + re.escape(option))).first.click()
+        expect(box).to_have_value(re.compile("^" + re.escape(option)), timeout=30_000)
+        settle()
+
+    def number(label: str, value: int) -> None:
+        box = page.get_by_label(label)
+        box.fill(str(value))
+        box.press("Enter")
+        expect(box).to_have_value(str(value), timeout=30_000)
+        settle()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 2600})
+        # enter through the router, as a user does (a deep link into a fresh server runs the pages/ folder's
+        # scripts Streamlit's MPA-v1 way until app.py's st.navigation has run once)
+        page.goto(server)
+        page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
+        page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+        page.get_by_text("device is cpu (NVML samples NVIDIA GPUs only)").first.wait_for(timeout=60_000)  # Sources
+        settle()
+        pick("Zoo model", "mlp")
+        pick("Size", "tiny")
+        pick("Roofline ceilings", "quick")
+        number("Wait steps (unprofiled)", 0)
+        number("Active steps (kept)", 1)
+        page.get_by_role("button", name="Profile", exact=True).click()
+        page.get_by_text("Roofline: top 15 op types by headroom").wait_for(timeout=120_000)
+        page.get_by_text("captured: mlp (tiny), cpu/float32, train, 1 active step(s)").wait_for(timeout=30_000)
+        page.get_by_test_id("stMetricLabel").filter(has_text="Profiled steps").wait_for(timeout=30_000)
+        settle()
+        labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+        values = page.locator('[data-testid="stMetricValue"]').all_inner_texts()
+        metrics = dict(zip(labels, values))
+        assert metrics.get("Profiled steps") == "1", metrics
+        assert re.fullmatch(r"[\d.,]+ ms", metrics["Median step time"])
+        assert int(metrics["CPU ops"].replace(",", "")) > 0
+        assert page.locator("text=Traceback").count() == 0
+        shot = ROOT / "tests" / "app" / "screenshots"
+        shot.mkdir(exist_ok=True)
+        page.screenshot(path=str(shot / "profile.png"), full_page=True)
+        browser.close()
