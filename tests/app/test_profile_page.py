@@ -2,6 +2,7 @@
 pure helpers behind it (pages/profile_view.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -221,3 +222,47 @@ def test_ceilings_note():
     assert pv.ceilings_note(used, "bfloat16") == \
         "Ceilings: measured (quick, cache hit): peak 300 GFLOP/s (bf16), bandwidth 40 GB/s."
     assert pv.ceilings_note(None, "float32") == "Ceilings: none recorded."
+
+
+def test_hf_offered_only_with_transformers():
+    from profiler.capture.hf import transformers_unavailable_reason
+
+    reason = transformers_unavailable_reason()
+    kinds = {k.kind: k for k in pv.model_kinds()}
+    assert kinds["hf"].reason == reason and kinds["zoo"].reason is None
+    at = _page()
+    assert (pv.KIND_LABELS["hf"] in at.radio(key="profile_kind").options) == (reason is None)
+    if reason is not None:
+        assert any(reason in c.value for c in at.caption)
+
+
+def test_run_profile_progress_and_files(tmp_path):
+    seen = []
+    req = pv.make_request("mlp", size="tiny", batch=2, settings="hidden=8", device="cpu", dtype="float32",
+                          mode="infer", wait=0, warmup=1, active=2, backend="kineto", ceilings="none", heavy={})
+    out = pv.run_profile(req, tmp_path, lambda d, t, m: seen.append((d, t, m)))
+    assert seen[0][0] == 0 and seen[-1][0] == seen[-1][1] == req.plan.steps == 3
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)  # the bar never goes back
+    assert out.out_dir.parent == tmp_path and (out.out_dir / "summary.json").is_file()
+    assert json.loads(out.summary_json)["profiled_steps"] == 2
+    assert out.roofline is None and out.summary["roofline_missing"] == "roofline turned off (--ceilings none)"
+    addmm = out.trace.events[out.trace.events["name"] == "aten::addmm"]
+    assert set(addmm["flops"]) == {2 * 2 * 8 * 8, 2 * 2 * 8 * 4}  # batch 2, features 8 -> hidden 8 -> outputs 4
+    with pytest.raises(pv.ProfileInputError, match="device cuda is unavailable here: no GPU"):
+        pv.run_profile(pv.ProfileRequest("mlp", dataclasses.replace(req.plan, device="cuda")), tmp_path,
+                       env={"cuda": "no GPU", "backend:kineto": None})
+
+
+@pytest.mark.skipif(pv.model_kinds()[1].reason is not None, reason="transformers is not installed (optional extra)")
+def test_hf_capture_from_the_page():
+    at = _page()
+    at.radio(key="profile_kind").set_value("hf").run()
+    box = at.selectbox(key="profile_hf")
+    box.select_index([o.split(":")[0] for o in box.options].index("gpt2"))
+    at.selectbox(key="profile_size").select("tiny")
+    at.radio(key="profile_mode").set_value("infer")
+    _fast(at)
+    at.button(key="profile_run").click().run()
+    assert not at.exception and not at.error
+    assert at.session_state["fusionlens_trace"].meta["capture"]["spec"] == "hf:gpt2"
+    assert _metrics(at)["Profiled steps"] == "1"
