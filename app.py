@@ -5,6 +5,8 @@ Run with `make run` (or `streamlit run app.py`); the server binds 127.0.0.1 by d
 """
 import streamlit as st
 
+from pages.state import mark_router, resume_wanted_page
+
 st.set_page_config(page_title="FusionLens", page_icon="🔬", layout="wide")
 
 PAGES = [
@@ -12,4 +14,7 @@ PAGES = [
     st.Page("pages/profile.py", title="Profile a model", icon="🧪"),
 ]
 
-st.navigation(PAGES).run()
+mark_router()
+page = st.navigation(PAGES)
+resume_wanted_page()
+page.run()

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from pages.state import current_trace, load_paths, load_uploaded, sample_traces, set_trace
+from pages.state import current_trace, load_paths, load_uploaded, require_router, sample_traces, set_trace
 from profiler.errors import FusionLensError
 from profiler.trace.summary import summarize
 
+require_router("pages/load.py")
 st.title("📂 Load a trace")
 st.caption("PyTorch profiler (Kineto) traces: `.json`, `.json.gz`, a `.zip`, or several files "
            "for several ranks. Parsed once per content; nothing leaves this machine.")

@@ -9,13 +9,14 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import profile_view as pv
-from pages.state import set_trace
+from pages.state import require_router, set_trace
 from profiler.capture.backends import DTYPES, MODES, CapturePlan, available_backends
 from profiler.capture.ceilings import data_dir
 from profiler.capture.sources import environment, plan_sources
 from profiler.errors import FusionLensError
 
 RESULT_KEY = "fusionlens_profile_result"
+require_router("pages/profile.py")
 
 st.title("🧪 Profile a model")
 st.caption("Runs the model under torch.profiler (Kineto) with a separate untimed FLOPs/bytes pass, then "
@@ -61,7 +62,7 @@ mode = cols[2].radio("Mode", MODES, key="profile_mode", horizontal=True,
 batch = cols[3].number_input("Batch", min_value=1, value=None, step=1, key="profile_batch",
                              placeholder="preset", help="Empty: the preset's batch (local specs: their own)")
 ceilings = cols[4].selectbox("Roofline ceilings", list(pv.CEILING_LABELS), key="profile_ceilings",
-                             format_func=lambda c: f"{c}: {pv.CEILING_LABELS[c]}")
+                             format_func=pv.CEILING_LABELS.get)
 cols = st.columns(3)
 wait = cols[0].number_input("Wait steps (unprofiled)", 0, 100, 1, key="profile_wait")
 warmup = cols[1].number_input("Warm-up steps (profiled, discarded)", 0, 100, 1, key="profile_warmup")

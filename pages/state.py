@@ -62,3 +62,32 @@ def set_trace(trace: Trace, label: str) -> None:
 
 def sample_traces() -> list[Path]:
     return sorted(SAMPLES_DIR.glob("*.json.gz")) if SAMPLES_DIR.is_dir() else []
+
+
+# ------------------------------------------------------------------ routing through app.py
+ROUTER_KEY = TRACE_KEY + "_router_ran"
+WANTED_KEY = TRACE_KEY + "_wanted_page"
+
+
+def mark_router() -> None:
+    """app.py calls this on every run, before st.navigation: the pages know the router ran."""
+    st.session_state[ROUTER_KEY] = True
+
+
+def require_router(page: str) -> None:
+    """Send a page that runs without app.py through the router, then back to `page`.
+
+    Streamlit sees the `pages/` folder and, until app.py's st.navigation has run once in the
+    server, serves a deep link (`/profile` on a fresh server) the MPA-v1 way: the page script alone,
+    without app.py's page config and navigation. Redirect to app.py, which resumes `page`.
+    """
+    if not st.session_state.get(ROUTER_KEY):
+        st.session_state[WANTED_KEY] = page
+        st.switch_page("app.py")
+
+
+def resume_wanted_page() -> None:
+    """app.py calls this after st.navigation: go to the page a deep link asked for, once."""
+    wanted = st.session_state.pop(WANTED_KEY, None)
+    if wanted:
+        st.switch_page(wanted)

@@ -2,6 +2,7 @@
 upload a real trace through the file input, wait for the summary, take a screenshot."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -29,10 +30,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def _serve(data_dir: Path):
+    """A fresh streamlit server on a free port (data under `data_dir`); yields its URL."""
     port = _free_port()
-    env = dict(os.environ, FUSIONLENS_DATA_DIR=str(tmp_path_factory.mktemp("data")))
+    env = dict(os.environ, FUSIONLENS_DATA_DIR=str(data_dir))
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
@@ -48,9 +50,17 @@ def server(tmp_path_factory):
     else:
         proc.kill()
         pytest.fail("streamlit did not become healthy: " + proc.stdout.read().decode()[-2000:])
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with _serve(tmp_path_factory.mktemp("data")) as url:
+        yield url
 
 
 def test_upload_shows_summary(server, tmp_path):
@@ -128,4 +138,20 @@ def test_profile_page_runs_a_tiny_zoo_model(server):
         shot = ROOT / "tests" / "app" / "screenshots"
         shot.mkdir(exist_ok=True)
         page.screenshot(path=str(shot / "profile.png"), full_page=True)
+        browser.close()
+
+
+def test_deep_link_on_a_fresh_server_goes_through_the_router(tmp_path):
+    """Streamlit serves a first deep link the MPA-v1 way (pages/ exists): the page must still get
+    app.py's navigation (only the registered pages, never pages/state.py) and page config."""
+    from playwright.sync_api import sync_playwright
+
+    with _serve(tmp_path) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url + "/profile")
+        page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+        nav = page.get_by_test_id("stSidebarNav").inner_text().split("\n")
+        assert [line for line in nav if line.strip()] == ["📂", "Load", "🧪", "Profile a model"]
+        assert page.url.endswith("/profile") and page.title() == "FusionLens"
         browser.close()
