@@ -7,8 +7,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-# Wheels the GPU machine's image lacks (it has torch, triton, pandas, pyarrow); carried as .whl/.
-GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.4.0
+# Wheels the GPU machine's image lacks (it has torch 2.11+cu130, triton, pandas, pyarrow, nvidia-ml-py,
+# cuda-bindings and nvidia-cuda-cupti 13.0); carried as .whl/. cupti-python 13.0.1 matches that CUDA 13.0
+# CUPTI (13.4 needs nvidia-cuda-cupti~=13.4 and pyelftools, which the image lacks: `import cupti` fails).
+GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1
 
 .PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture clean
 
@@ -58,7 +60,7 @@ clean:
 	rm -rf $(VENV) .fusionlens .pytest_cache
 
 gpu-wheels: $(PY)
-	mkdir -p .whl
+	rm -rf .whl && mkdir -p .whl  # one version of each: two stop the whole install there
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d .whl $(GPU_WHEELS)

@@ -5,7 +5,8 @@ The launchers have the signatures of the C++ ops in `kernels/csrc/activations.cp
 Activation codes: 0 silu, 1 gelu (erf), 2 gelu (tanh). Math in fp32, one rounding on store.
 
 act(x [+ bias]) runs on [M, N] tiles (N = the bias dim): each program handles BLOCK_M x BLOCK_N,
-and in backward writes one fp32 partial of the bias gradient per row tile ([cdiv(M, BLOCK_M), N],
+the tiles numbered along ONE grid axis (CUDA caps axes 1 and 2 at 65535 programs, which a 2-D grid
+of column tiles would pass once N > 16.7M, e.g. a large 1-D input without bias), and in backward writes one fp32 partial of the bias gradient per row tile ([cdiv(M, BLOCK_M), N],
 summed afterwards), so the bias gradient costs no second pass over grad_x. The gated units are
 flat elementwise. Memory traffic per element: act fwd 2 (+bias), bwd 3; glu fwd 3, bwd 5.
 
@@ -56,11 +57,24 @@ def _act_grad(x, KIND: tl.constexpr):
     return y, dy
 
 
+def _grid(m: int, n: int) -> tuple[int]:
+    """One program per BLOCK_M x BLOCK_N tile, all on grid axis 0 (limit 2**31 - 1)."""
+    return (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N),)
+
+
+@triton.jit
+def _tile(N, BM: tl.constexpr, BN: tl.constexpr):
+    """(row-tile index, rows, cols) of this program; tiles are numbered row-major."""
+    pid = tl.program_id(0).to(tl.int64)
+    tiles_n = (N + BN - 1) // BN
+    pid_m = pid // tiles_n
+    return pid_m, pid_m * BM + tl.arange(0, BM), (pid % tiles_n) * BN + tl.arange(0, BN)
+
+
 @triton.jit
 def _act_fwd_kernel(X, Bias, Y, M, N, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+    _, rows, cols = _tile(N, BM, BN)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None] * N + cols[None, :]
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
@@ -72,9 +86,7 @@ def _act_fwd_kernel(X, Bias, Y, M, N, KIND: tl.constexpr, HAS_BIAS: tl.constexpr
 @triton.jit
 def _act_bwd_kernel(G, X, Bias, GX, P, M, N, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
                     WANT_DB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    pid_m = tl.program_id(0).to(tl.int64)
-    rows = pid_m * BM + tl.arange(0, BM)
-    cols = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+    pid_m, rows, cols = _tile(N, BM, BN)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None] * N + cols[None, :]
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
@@ -119,8 +131,7 @@ def act_fwd(x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, kind:
     m, n = _mn(x)
     if x.numel() == 0:
         return
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-    _act_fwd_kernel[grid](x, bias if bias is not None else x, out, m, n, KIND=kind,
+    _act_fwd_kernel[_grid(m, n)](x, bias if bias is not None else x, out, m, n, KIND=kind,
                           HAS_BIAS=bias is not None, BM=BLOCK_M, BN=BLOCK_N)
 
 
@@ -135,7 +146,7 @@ def act_bwd(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, grad
     tiles_m = triton.cdiv(m, BLOCK_M)
     want_db = grad_bias is not None
     partial = torch.empty((tiles_m, n) if want_db else (1,), dtype=torch.float32, device=x.device)
-    _act_bwd_kernel[(tiles_m, triton.cdiv(n, BLOCK_N))](
+    _act_bwd_kernel[_grid(m, n)](
         grad, x, bias if bias is not None else x, grad_x, partial, m, n, KIND=kind,
         HAS_BIAS=bias is not None, WANT_DB=want_db, BM=BLOCK_M, BN=BLOCK_N)
     if want_db:

@@ -6,9 +6,12 @@
    measures its ceilings (device-timed matmul per dtype, copy/triad).
 3. The measured ceilings are printed beside the device table's dense datasheet figures.
 
-Writes `capture_check.json` (everything) and `capture_check.csv` (long format, harness columns)
-under --out. Exit 0 when every check passes, 1 when one fails, 2 when there is no CUDA device.
-Usage: python benchmarks/gpu/capture_check.py --out "$OUT" [--spec gpt2] [--mode train]
+Writes three files under --out: `capture_check.json` (everything), `capture_check.csv` (long
+format, harness columns, date and GPU name in every row) and `capture_check.md` (the tables to
+commit). Run directories, raw traces, per-kernel CSVs, NVML samples and the ceilings cache go to
+--scratch (the lent machine returns at most 8 files from $OUT). Exit 0 when every check passes,
+1 when one fails, 2 when there is no CUDA device.
+Usage: python benchmarks/gpu/capture_check.py --out "$OUT" --scratch DIR [--spec gpt2] [--mode train]
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ def worker(backend: str, spec: str, mode: str, dtype: str, out_dir: Path, result
     from profiler.capture.runner import capture
 
     plan = CapturePlan(device=device, dtype=dtype, mode=mode, wait=1, warmup=1, active=3, backend=backend)
-    run_dir = out_dir / f"run_{backend}"
+    run_dir = out_dir / f"run_{backend}"  # out_dir: the scratch directory
     t0 = time.perf_counter()
     result = capture(spec, plan, run_dir, progress=lambda d, t, m: print(f"[{backend}] {d}/{t} {m}", flush=True))
     summary = _summary(result, backend, out_dir)
@@ -79,8 +82,8 @@ def worker(backend: str, spec: str, mode: str, dtype: str, out_dir: Path, result
 
 
 def run_worker(backend: str, args: argparse.Namespace) -> dict:
-    path = args.out / f"capture_{backend}.json"
-    cmd = [sys.executable, __file__, "--out", str(args.out), "--spec", args.spec, "--mode", args.mode,
+    path = args.scratch / f"capture_{backend}.json"
+    cmd = [sys.executable, __file__, "--out", str(args.scratch), "--spec", args.spec, "--mode", args.mode,
            "--dtype", args.dtype, "--worker", backend, "--result", str(path)]
     t0 = time.perf_counter()
     try:
@@ -94,7 +97,8 @@ def run_worker(backend: str, args: argparse.Namespace) -> dict:
 
 
 def nvml_and_ceilings(out_dir: Path) -> dict:
-    """Measure the GPU's ceilings (device timing) while the NVML sampler runs at 50 Hz."""
+    """Measure the GPU's ceilings (device timing) while the NVML sampler runs at 50 Hz (out_dir:
+    scratch, for the NVML samples and the ceilings cache)."""
     from profiler.capture.ceilings import measured_ceilings
     from profiler.capture.devices import lookup_device
     from profiler.capture.nvml import NvmlSampler
@@ -139,10 +143,9 @@ def checks(kineto: dict, cupti: dict, hw: dict) -> dict[str, dict]:
     return out
 
 
-def write_csv(out_dir: Path, kineto: dict, cupti: dict, hw: dict, spec: str) -> None:
+def write_csv(out_dir: Path, kineto: dict, cupti: dict, hw: dict, spec: str, now: str) -> None:
     from benchmarks.harness import CSV_COLUMNS, gpu_name, machine
 
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     mach = f"{gpu_name()}; {machine()}"
     rows = []
 
@@ -167,13 +170,43 @@ def write_csv(out_dir: Path, kineto: dict, cupti: dict, hw: dict, spec: str) -> 
         writer.writerows(rows)
 
 
+def _fmt(value, spec: str = ".1f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown(result: dict, gpu: str, now: str) -> str:
+    """The tables to commit: ceilings (measured vs datasheet), Kineto vs CUPTI, NVML rate, checks."""
+    hw, lines = result["hardware"], [f"### Capture check on {gpu}, {now}", ""]
+    lines += [f"spec `{result['spec']}`, mode {result['mode']}, dtype {result['dtype']}; table entry "
+              f"{hw.get('table_entry')} ({hw.get('table_reason')})", ""]
+    if "error" in hw:
+        lines += [f"ceilings/NVML failed: {hw['error']}", ""]
+    else:
+        lines += ["| roof | measured | datasheet (dense) |", "|---|---|---|"]
+        lines += [f"| matmul {d} | {_fmt(r['measured_tflops'])} TFLOP/s | {_fmt(r['table_tflops'])} TFLOP/s |"
+                  for d, r in hw["per_dtype"].items()]
+        lines += [f"| memory (max of copy, triad) | {_fmt(hw['measured_bw_gb_s'], '.0f')} GB/s | "
+                  f"{_fmt(hw['table_bw_gb_s'], '.0f')} GB/s |", ""]
+    lines += ["| backend | kernels | kernel time (us) | kernels with External id | wall (s) |", "|---|---|---|---|---|"]
+    for res in (result["kineto"], result["cupti"]):
+        if "error" in res:
+            lines.append(f"| {res['backend']} | failed: {res['error']} | | | |")
+        else:
+            lines.append(f"| {res['backend']} | {res['kernel_count']} | {res['kernel_time_us']:.1f} | "
+                         f"{res['kernels_with_external_id']} | {res.get('process_s', 0):.1f} |")
+    lines += ["", "| check | result | detail |", "|---|---|---|"]
+    lines += [f"| {name} | {'PASS' if c['ok'] else 'FAIL'} | {c['detail']} |" for name, c in result["checks"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="the three result files go here")
+    ap.add_argument("--scratch", type=Path, help="run dirs, raw traces, samples, caches (default: OUT/../capture_scratch)")
     ap.add_argument("--spec", default="gpt2")
     ap.add_argument("--mode", default="train", choices=("train", "infer"))
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--worker-timeout-s", type=int, default=30)
+    ap.add_argument("--worker-timeout-s", type=int, default=45)
     ap.add_argument("--device", default="cuda", help="worker device (cpu: a smoke test of the kineto worker)")
     ap.add_argument("--worker", choices=("kineto", "cupti"), help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -181,25 +214,30 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.worker:
         return worker(args.worker, args.spec, args.mode, args.dtype, args.out, args.result, args.device)
+    args.scratch = args.scratch or args.out.resolve().parent / "capture_scratch"
+    args.scratch.mkdir(parents=True, exist_ok=True)
     import torch
 
     if not torch.cuda.is_available():
         print(f"capture_check: no CUDA device (torch {torch.__version__}); this check needs an NVIDIA GPU")
         return 2
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gpu = torch.cuda.get_device_name(0)
     kineto = run_worker("kineto", args)
     cupti = run_worker("cupti", args)
-    hw = nvml_and_ceilings(args.out)
-    result = {"spec": args.spec, "mode": args.mode, "dtype": args.dtype, "kineto": kineto, "cupti": cupti,
-              "hardware": hw, "checks": checks(kineto, cupti, hw)}
+    try:
+        hw = nvml_and_ceilings(args.scratch)
+    except Exception as exc:  # keep the capture comparison even if the ceilings fail
+        hw = {"error": f"{type(exc).__name__}: {exc}", "table_entry": None, "table_reason": None}
+    result = {"date": now, "gpu": gpu, "spec": args.spec, "mode": args.mode, "dtype": args.dtype,
+              "kineto": kineto, "cupti": cupti, "hardware": hw, "checks": checks(kineto, cupti, hw)}
+    if "error" in hw:
+        result["checks"]["ceilings_measured"] = {"ok": False, "detail": hw["error"]}
     (args.out / "capture_check.json").write_text(json.dumps(result, indent=1, default=str))
-    write_csv(args.out, kineto, cupti, hw, args.spec)
-    print(f"\nGPU: {torch.cuda.get_device_name(0)}  (table entry: {hw['table_entry']})")
-    print(f"{'dtype':8} {'measured TFLOP/s':>17} {'table dense':>12}")
-    for dtype, row in hw["per_dtype"].items():
-        print(f"{dtype:8} {row['measured_tflops']:17.1f} {row['table_tflops'] or float('nan'):12.1f}")
-    print(f"{'mem bw':8} {hw['measured_bw_gb_s']:14.0f} GB/s {hw['table_bw_gb_s'] or float('nan'):9.0f} GB/s")
-    for name, check in result["checks"].items():
-        print(f"{'PASS' if check['ok'] else 'FAIL'}  {name}: {check['detail']}")
+    write_csv(args.out, kineto, cupti, hw, args.spec, now)
+    md = markdown(result, gpu, now)
+    (args.out / "capture_check.md").write_text(md)
+    print("\n" + md)
     return 0 if all(c["ok"] for c in result["checks"].values()) else 1
 
 

@@ -170,13 +170,16 @@ class CuptiTracer:
         self._enabled.clear()
 
     def stop(self) -> None:
-        """Flush every pending record (forced), disable the kinds, release the guard."""
+        """Flush, disable the kinds, flush again (forced: also the partly filled buffers), detach
+        CUPTI, release the guard: the order of NVIDIA's cupti-python samples. The caller has
+        synchronised the device, so no record is produced after the last flush."""
         global _ACTIVE
         if _ACTIVE is not self:
             return
         try:
-            self._cupti.activity_flush_all(1)
+            self._cupti.activity_flush_all(0)
             self._disable()
+            self._cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
             self._cupti.finalize()  # lets a later client (another capture) subscribe again
         finally:
             _ACTIVE = None

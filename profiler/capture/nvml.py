@@ -67,18 +67,24 @@ def _readers(nvml: Any) -> dict[str, Callable[[Any], Sequence[tuple[str, float]]
     }
 
 
-def throttle_reason_names(mask: int) -> list[str]:
-    """Decode a throttle/clock-event bitmask into pynvml constant names (without the prefix)."""
-    import pynvml
+# Bit constants of the clock-event mask: the current name first, the deprecated one as a fallback
+# (nvidia-ml-py keeps both today; a release may drop the old one).
+_REASON_PREFIXES = ("nvmlClocksEventReason", "nvmlClocksThrottleReason")
 
-    prefix = "nvmlClocksThrottleReason"
-    names = []
-    for attr in dir(pynvml):
-        if attr.startswith(prefix) and attr not in (prefix + "All", prefix + "None"):
-            bit = getattr(pynvml, attr)
-            if isinstance(bit, int) and bit and mask & bit == bit:
-                names.append(attr[len(prefix):])
-    return sorted(set(names))
+
+def throttle_reason_names(mask: int, nvml: Any = None) -> list[str]:
+    """Decode a throttle/clock-event bitmask into pynvml constant names (without the prefix)."""
+    if nvml is None:
+        import pynvml as nvml
+
+    names = set()
+    for prefix in _REASON_PREFIXES:
+        for attr in dir(nvml):
+            if attr.startswith(prefix) and attr not in (prefix + "All", prefix + "None"):
+                bit = getattr(nvml, attr)
+                if isinstance(bit, int) and bit and mask & bit == bit:
+                    names.add(attr[len(prefix):])
+    return sorted(names)
 
 
 def _norm_uuid(uuid: Any) -> str:

@@ -133,3 +133,32 @@ def test_buffer_callback_copies_each_record_kind_and_counts_bad_ones():
     assert trace.meta["skipped_events"] == 1
     ev = trace.events.set_index("kind")
     assert ev.loc["kernel", "external_id"] == 42 and ev.loc["cuda_runtime", "external_id"] == 42
+
+
+def test_start_and_stop_call_cupti_in_the_documented_order():
+    """Register callbacks, enable each kind; at stop: flush, disable in reverse, flush forced,
+    finalize, guard released (NVIDIA's cupti-python samples flush(0) -> disable -> flush(1)).
+    A recording stand-in replaces the CUPTI module: this machine has no driver to run it."""
+    from cupti import cupti
+
+    calls = []
+
+    class Recorder:
+        ActivityKind = cupti.ActivityKind
+
+        def __getattr__(self, name):
+            return lambda *args: calls.append((name, *args)) or 0
+
+    tracer = CuptiTracer()
+    tracer._cupti = Recorder()
+    tracer.start()
+    assert not _GUARD.acquire(blocking=False)  # held while active
+    tracer.stop()
+    names = [c[0] for c in calls]
+    kinds = tracer.kinds
+    assert names == ["get_timestamp", "activity_register_callbacks"] + ["activity_enable"] * len(kinds) + \
+        ["activity_flush_all"] + ["activity_disable"] * len(kinds) + ["activity_flush_all", "finalize"]
+    assert [c[1] for c in calls if c[0] == "activity_flush_all"] == [0, 1]
+    assert [c[1] for c in calls if c[0] == "activity_disable"] == list(reversed(kinds))
+    assert _GUARD.acquire(blocking=False)
+    _GUARD.release()

@@ -101,3 +101,18 @@ def test_devices_are_labelled_by_cuda_index_when_uuids_are_known():
     df = sampler.samples()
     assert set(df["device"]) == {0}
     assert df[df["name"] == "gpu_util_pct"]["value"].eq(91).all()  # NVML device 1 reports 90 + 1
+
+
+def test_throttle_names_read_the_current_clock_event_constants_too():
+    """A pynvml that only has the nvmlClocksEventReason* names (the deprecated Throttle ones gone)."""
+    from types import SimpleNamespace
+
+    import pynvml
+
+    events_only = SimpleNamespace(nvmlClocksEventReasonGpuIdle=pynvml.nvmlClocksEventReasonGpuIdle,
+                                  nvmlClocksEventReasonSwPowerCap=pynvml.nvmlClocksEventReasonSwPowerCap,
+                                  nvmlClocksEventReasonAll=pynvml.nvmlClocksEventReasonAll,
+                                  nvmlClocksEventReasonNone=pynvml.nvmlClocksEventReasonNone)
+    mask = pynvml.nvmlClocksEventReasonGpuIdle | pynvml.nvmlClocksEventReasonSwPowerCap
+    assert throttle_reason_names(mask, events_only) == ["GpuIdle", "SwPowerCap"]
+    assert throttle_reason_names(mask) == ["GpuIdle", "SwPowerCap"]  # the installed pynvml: both names, one entry
