@@ -8,6 +8,7 @@ Model code is imported only from the spec the person at the server typed (DESIGN
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -31,6 +32,9 @@ HEAVY_OPTIONS = {
     "with_stack": ("Record Python stacks", "10-20% step-time overhead"),
 }
 ROOFLINE_TOP = 15
+# One capture at a time per server: torch.profiler and CUPTI are process-wide, and every browser
+# session of a Streamlit server shares the process.
+CAPTURE_LOCK = threading.Lock()
 BYTES_NOTE = ("Bytes are an algorithmic lower bound: inputs + outputs of each op at their dtypes, views excluded; "
               "not measured DRAM traffic.")
 
@@ -171,19 +175,30 @@ def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
 
     Raises FusionLensError (SpecError, CaptureError, ProfileInputError), MemoryError or OSError.
     """
-    from profiler.capture.report import write_outputs
-    from profiler.capture.runner import capture
     from profiler.capture.sources import blocking_reason
 
     reason = blocking_reason(req.plan, env)
     if reason:
         raise ProfileInputError(f"spec {req.spec!r}: {reason}")
+    if not CAPTURE_LOCK.acquire(blocking=False):
+        raise ProfileInputError(f"spec {req.spec!r}: another capture is running in this server (the profiler is "
+                                "process-wide: one at a time); try again when it has finished")
+    try:
+        return _run_locked(req, root, progress)
+    finally:
+        CAPTURE_LOCK.release()
+
+
+def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]]) -> ProfileOutcome:
+    from profiler.capture.report import write_outputs
+    from profiler.capture.runner import capture
+
     say = progress or (lambda done, total, msg: None)
     out_dir = unique_out_dir(req.spec, root)
     out_dir.mkdir(parents=True)
     result = capture(req.spec, req.plan, out_dir, size=req.size, batch=req.batch,
                      overrides=dict(req.overrides), progress=say)
-    say(req.plan.steps, req.plan.steps, "writing the trace (Parquet), roofline and summary")
+    say(req.plan.steps, req.plan.steps, f"writing the trace, summary and roofline (ceilings: {CEILING_LABELS[req.ceilings]})")
     summary = write_outputs(result, req.plan, out_dir, req.ceilings,
                             {"spec": req.spec, "nproc": 1, "source": "dashboard"})
     roof_path = out_dir / "roofline.csv"

@@ -248,6 +248,12 @@ def test_run_profile_progress_and_files(tmp_path):
     assert out.roofline is None and out.summary["roofline_missing"] == "roofline turned off (--ceilings none)"
     addmm = out.trace.events[out.trace.events["name"] == "aten::addmm"]
     assert set(addmm["flops"]) == {2 * 2 * 8 * 8, 2 * 2 * 8 * 4}  # batch 2, features 8 -> hidden 8 -> outputs 4
+    assert pv.CAPTURE_LOCK.acquire(blocking=False)  # another session's capture is running
+    try:
+        with pytest.raises(pv.ProfileInputError, match="spec 'mlp': another capture is running in this server"):
+            pv.run_profile(req, tmp_path)
+    finally:
+        pv.CAPTURE_LOCK.release()
     with pytest.raises(pv.ProfileInputError, match="device cuda is unavailable here: no GPU"):
         pv.run_profile(pv.ProfileRequest("mlp", dataclasses.replace(req.plan, device="cuda")), tmp_path,
                        env={"cuda": "no GPU", "backend:kineto": None})
