@@ -9,7 +9,8 @@
    plus torch.compile of the reference (compile time reported separately) while the time budget
    allows. Prints p50 time, GB/s, % of the copy bandwidth and every variant's time over ours.
 
-Writes `<out>/kernels_gpu.csv` (benchmarks.harness columns) and `<out>/kernels_gpu.md`.
+Writes `<out>/kernels_gpu.csv` (benchmarks.harness columns: date, machine = GPU name) and
+`<out>/kernels_gpu.md` (tables titled with the GPU name and date), rewritten after every case.
 Usage: python benchmarks/gpu/kernels_check.py --out DIR [--budget-s 80] [--family norms]
 Without a CUDA GPU it says so and exits 0 (nothing to check).
 """
@@ -206,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
 def _write(out: Path, gpu: str, bw: float, checks: list, table: list, rows: list) -> str:
     """(Re)write kernels_gpu.md and kernels_gpu.csv with everything measured so far."""
     header = ["kernel", "shape", "variant", "p50 ms", "GB/s", "% copy bw", "time / ours"]
-    md = _markdown(f"Kernel checks on {gpu}", ["check", "result", "time"], checks)
-    md += "\n" + _markdown(f"Kernel speed on {gpu} (D2D copy {bw:.0f} GB/s)", header, table)
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    md = _markdown(f"Kernel checks on {gpu}, {date}", ["check", "result", "time"], checks)
+    md += "\n" + _markdown(f"Kernel speed on {gpu}, {date} (D2D copy {bw:.0f} GB/s)", header, table)
     (out / "kernels_gpu.md").write_text(md)
     with (out / "kernels_gpu.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
