@@ -72,9 +72,11 @@ DEVICE_TABLE: tuple[DeviceSpec, ...] = (
         dense_flops_per_s={"fp64": 34 * T, "fp64_tensor": 67 * T, "fp32": 67 * T, "tf32": 494.5 * T,
                            "fp16": 989.5 * T, "bf16": 989.5 * T, "fp8": 1979 * T},
         sparse_flops_per_s={"tf32": 989 * T, "fp16": 1979 * T, "bf16": 1979 * T, "fp8": 3958 * T},
-        mem_bw_bytes_per_s=4800 * GB_S, memory_bytes=141 * 10**9, l2_bytes=50 * MIB, sm_count=132,
+        mem_bw_bytes_per_s=4800 * GB_S, memory_bytes=141 * 10**9, l2_bytes=60 * MIB, sm_count=132,
         sources={"dense": H200_DS, "sparse": H200_DS, "mem_bw": H200_DS,
-                 "l2": "same GH100 die and SM configuration as H100 SXM5: " + H100_WP,
+                 "l2": ("cudaDeviceProp.l2CacheSize as torch.cuda.get_device_properties(0).L2_cache_size read it on "
+                        "an NVIDIA H200 (132 SMs, 143771 MiB) on 2026-10-28: 60 MB (the datasheet prints no L2 size; "
+                        "the H100 SXM5 reports 50 MB); benchmarks/gpu_check.sh prints it again in env.txt"),
                  "sm_count": "same GH100 die and SM configuration as H100 SXM5: " + H100_WP}),
     DeviceSpec(
         name="L4", vendor="nvidia",
