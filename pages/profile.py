@@ -52,10 +52,10 @@ else:
 # ------------------------------------------------------------------ run settings
 env = environment()
 cols = st.columns(5)
-device = cols[0].selectbox("Device", ["cpu", "cuda"], key="profile_device",
-                           format_func=lambda d: d if d == "cpu" or not env["cuda"] else f"{d} (unavailable)")
+device = cols[0].selectbox("Device", pv.usable(pv.device_options(env)), key="profile_device")
 if env["cuda"]:
-    cols[0].caption(f"🚫 cuda: {env['cuda']}")
+    cols[0].toggle("cuda", value=False, disabled=True, key="profile_cuda_off", help=env["cuda"])
+    cols[0].caption(f"🚫 cuda is off: {env['cuda']}")
 dtype = cols[1].selectbox("dtype", DTYPES, key="profile_dtype")
 mode = cols[2].radio("Mode", MODES, key="profile_mode", horizontal=True,
                      format_func={"train": "train (fwd+bwd+AdamW)", "infer": "infer"}.get)
@@ -73,11 +73,11 @@ with st.expander("Heavier options and backend"):
     heavy = {k: st.checkbox(label, key=f"profile_{k}", help=cost) for k, (label, cost) in pv.HEAVY_OPTIONS.items()}
     st.caption("Overheads measured on the small zoo models (README, Capture); the default capture costs 2-9% there "
                "and under 3% on the medium ones.")
-    backend = st.selectbox("Backend", sorted(backends, key=lambda b: b != "kineto"), key="profile_backend",
-                           format_func=lambda b: b if backends[b] is None else f"{b} (unavailable)")
+    backend = st.selectbox("Backend", pv.usable(backends), key="profile_backend",
+                           help="kineto: torch.profiler (CPU ops + GPU kernels); cupti: kernel-only tracer (NVIDIA)")
     for name_, reason in backends.items():
         if reason:
-            st.caption(f"🚫 {name_}: {reason}")
+            st.caption(f"🚫 backend {name_} is off: {reason}")
     flops = st.checkbox("FLOPs/bytes pass (untimed; needed for the roofline)", value=True, key="profile_flops")
     nvml = st.checkbox("NVML counters (GPU)", value=True, key="profile_nvml")
 
@@ -138,7 +138,7 @@ else:
         "dtype": st.column_config.TextColumn(width="small"), "calls": num(width="small"),
         "FLOPs": num(format="compact", help="counted by the untimed FLOPs pass"),
         "bytes (algorithmic lower bound)": num(format="compact", help=pv.BYTES_NOTE),
-        "intensity (FLOP/byte)": num(format="%.3g", help="algorithmic intensity: FLOPs / lower-bound bytes"),
+        "intensity FLOP/B": num(format="%.3g", help="algorithmic intensity: FLOPs / lower-bound bytes"),
         "achieved GFLOP/s": num(format="%.3g"),
         "roof GFLOP/s": num(format="%.3g", help="what the roof allows at this intensity: min(peak, intensity x bandwidth)"),
         "% of roof": num(format="%.3g %%", help="time at the roof / measured time")})

@@ -74,6 +74,16 @@ def hf_choices() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {name: (entry.doc, tuple(HF_PRESETS)) for name, entry in sorted(HF_MODELS.items())}
 
 
+def device_options(env: Mapping[str, Optional[str]]) -> dict[str, Optional[str]]:
+    """Device -> None (usable) or why not: cpu always, cuda when torch sees a GPU."""
+    return {"cpu": None, "cuda": env.get("cuda")}
+
+
+def usable(options: Mapping[str, Optional[str]], first: str = "kineto") -> list[str]:
+    """The options whose reason is None, `first` (the default backend) leading when present."""
+    return sorted((k for k, reason in options.items() if reason is None), key=lambda k: k != first)
+
+
 def parse_settings(text: str) -> dict[str, Any]:
     """'layers=2, dim=64' -> {'layers': 2, 'dim': 64} (int, float or str values)."""
     out: dict[str, Any] = {}
@@ -296,8 +306,8 @@ def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) ->
     return pd.DataFrame({
         "op": r["name"].astype(str), "headroom (µs)": r["headroom_us"].round(1), "time (µs)": r["dur_us"].round(1),
         "% of roof": r["pct_of_roof"], "bound": r["bound"].astype(str),
-        "achieved GFLOP/s": r["achieved_flops_per_s"] / 1e9, "roof GFLOP/s": roof / 1e9,
-        "intensity (FLOP/byte)": r["algorithmic_intensity_flop_per_byte"],
         "FLOPs": r["flops"], "bytes (algorithmic lower bound)": r["bytes_moved"],
+        "intensity FLOP/B": r["algorithmic_intensity_flop_per_byte"],
+        "achieved GFLOP/s": r["achieved_flops_per_s"] / 1e9, "roof GFLOP/s": roof / 1e9,
         "calls": r["count"].astype(int), "dtype": r["dtype"].astype(str), "kind": r["kind"].astype(str),
     }).reset_index(drop=True)

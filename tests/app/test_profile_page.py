@@ -119,6 +119,9 @@ BAD_SPECS = {
     "wrong.py": ("def build():\n    return 3\n", "must return (model, inputs)"),
     "oom.py": ("def build():\n    raise MemoryError('simulated')\n", "ran out of memory"),
 }
+if not torch.cuda.is_available():  # a build that needs a GPU, here
+    BAD_SPECS["cuda.py"] = ("import torch\n\ndef build():\n    return torch.nn.Linear(2, 2).to('cuda'), (torch.randn(1, 2),)\n",
+                            "build() raised")
 
 
 def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path):
@@ -144,16 +147,27 @@ def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path):
     assert at.session_state["fusionlens_trace_label"].startswith(f"captured: {good}:build, cpu/float32")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_cuda_without_gpu_is_one_line():
+def test_device_and_backend_choices_follow_this_machine():
     at = _page()
-    at.selectbox(key="profile_zoo").select("mlp")
-    at.selectbox(key="profile_device").select("cuda").run()
-    sources = at.table[0].value.set_index("source")
-    assert sources.loc["CUDA", "state"].endswith("off") and sources.loc["NVML counters", "state"].endswith("off")
-    at.button(key="profile_run").click().run()
-    assert not at.exception and len(at.error) == 1
-    assert at.error[0].value.startswith("spec 'mlp': device cuda is unavailable here: ")
+    cuda_ok = torch.cuda.is_available()
+    assert at.selectbox(key="profile_device").options == (["cpu", "cuda"] if cuda_ok else ["cpu"])
+    if not cuda_ok:  # cuda is shown, disabled, with the reason
+        toggle = at.toggle(key="profile_cuda_off")
+        assert toggle.disabled and not toggle.value and toggle.help.strip()
+    from profiler.capture.backends import available_backends
+
+    backends = available_backends()
+    assert at.selectbox(key="profile_backend").options[0] == "kineto"
+    assert set(at.selectbox(key="profile_backend").options) == {b for b, r in backends.items() if r is None}
+    for name, reason in backends.items():
+        if reason:
+            assert any(c.value == f"🚫 backend {name} is off: {reason}" for c in at.caption)
+
+
+def test_choice_helpers():
+    assert pv.device_options({"cuda": "no GPU"}) == {"cpu": None, "cuda": "no GPU"}
+    assert pv.usable(pv.device_options({"cuda": "no GPU"})) == ["cpu"]
+    assert pv.usable({"cupti": None, "kineto": None, "x": "off"}) == ["kineto", "cupti"]
 
 
 # ---------------------------------------------------------------- pure helpers
