@@ -203,3 +203,29 @@ def test_streamed_outputs_path_matches_float64() -> None:
                           capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-1] == "30"
+
+
+# Shapes that hit every loop of the C++ row kernels for each vector width (16/8/4 floats): the
+# 4-vector main loop, the 1-vector loop and the scalar tail (83 = 64 + 16 + 3 = 2*32 + 2*8 + 3,
+# 23 = 16 + 4 + 3), and the backward's row blocks (9 rows = two blocks of 4 + one row alone).
+ISA_SHAPES: tuple[tuple[int, int], ...] = ((9, 83), (6, 23), (5, 4117))
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "base"])
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm", "rms_norm_gemma", "add_layer_norm", "add_rms_norm"])
+def test_every_instruction_set_copy_matches_float64(case: str, isa: str, monkeypatch) -> None:
+    """norms.cpp holds one copy of its kernels per instruction set, picked at run time;
+    FUSIONLENS_CPU_ISA forces a lower one, so each copy this CPU can run is checked here."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+    order = ["base", "avx2", "avx512"]
+    picked = torch.ops.fusionlens.norms_isa()
+    assert order.index(picked) <= order.index(isa)  # never above what was asked (or what the CPU has)
+    for dtype in DTYPES:
+        for shape in ISA_SHAPES:
+            CASES[case].check("cpu", shape, dtype)
+
+
+def test_unknown_instruction_set_name_is_one_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", "sse9")
+    with pytest.raises(RuntimeError, match="FUSIONLENS_CPU_ISA must be avx512, avx2 or base"):
+        kernels.layer_norm(make((2, 8), torch.float32), provider="cpu")

@@ -1,0 +1,564 @@
+// Row kernels of kernels/csrc/norms.cpp, compiled once per instruction set.
+//
+// NO include guard on purpose: norms.cpp includes this file several times, each time inside its
+// own namespace, after `#pragma GCC target(...)` and with FL_ISA set (512: AVX-512, 256:
+// AVX2+FMA+F16C, 0: the build's baseline), and picks one copy at run time from the CPU's
+// features. So the same source is fast on any x86-64 without -march=native. Everything it needs
+// is included by norms.cpp before; this file includes nothing.
+//
+// Reductions use four native-width vector accumulators (GCC vector extensions), so they run at load
+// throughput instead of the latency of one add chain, and without -ffast-math (each lane is an
+// ordinary sequential sum; the lanes are combined in a fixed order).
+
+#if FL_ISA >= 512
+constexpr int kW = 16;  // floats per native vector
+#elif FL_ISA >= 256
+constexpr int kW = 8;
+#else
+constexpr int kW = 4;
+#endif
+typedef float vf __attribute__((vector_size(kW * sizeof(float))));
+
+inline vf ld(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float hsum(vf v) {
+  float s = 0.f;
+  for (int k = 0; k < kW; ++k) s += v[k];
+  return s;
+}
+
+// sum(x)
+inline float row_sum(const float* x, int64_t n) {
+  vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t j = 0;
+  for (; j + 4 * kW <= n; j += 4 * kW) {
+    a0 += ld(x + j), a1 += ld(x + j + kW), a2 += ld(x + j + 2 * kW), a3 += ld(x + j + 3 * kW);
+  }
+  for (; j + kW <= n; j += kW) a0 += ld(x + j);
+  float t = hsum((a0 + a1) + (a2 + a3));
+  for (; j < n; ++j) t += x[j];
+  return t;
+}
+
+// sum((x - mu)^2)
+inline float row_sq_dev(const float* x, int64_t n, float mu) {
+  vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t j = 0;
+  for (; j + 4 * kW <= n; j += 4 * kW) {
+    const vf d0 = ld(x + j) - mu, d1 = ld(x + j + kW) - mu, d2 = ld(x + j + 2 * kW) - mu, d3 = ld(x + j + 3 * kW) - mu;
+    a0 += d0 * d0, a1 += d1 * d1, a2 += d2 * d2, a3 += d3 * d3;
+  }
+  for (; j + kW <= n; j += kW) {
+    const vf d = ld(x + j) - mu;
+    a0 += d * d;
+  }
+  float t = hsum((a0 + a1) + (a2 + a3));
+  for (; j < n; ++j) t += (x[j] - mu) * (x[j] - mu);
+  return t;
+}
+
+// s = x + r (written to s, which may alias neither), returns sum(s^2). Used when no rounding
+// through a 16-bit type is needed between the add and the norm (float).
+inline float row_add_sumsq(const float* x, const float* r, float* s, int64_t n) {
+  vf a0 = {}, a1 = {};
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) {
+    const vf s0 = ld(x + j) + ld(r + j), s1 = ld(x + j + kW) + ld(r + j + kW);
+    std::memcpy(s + j, &s0, sizeof(s0));
+    std::memcpy(s + j + kW, &s1, sizeof(s1));
+    a0 += s0 * s0, a1 += s1 * s1;
+  }
+  float t = hsum(a0 + a1);
+  for (; j < n; ++j) {
+    s[j] = x[j] + r[j];
+    t += s[j] * s[j];
+  }
+  return t;
+}
+
+// sum(x^2)
+inline float row_sumsq(const float* x, int64_t n) {
+  vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t j = 0;
+  for (; j + 4 * kW <= n; j += 4 * kW) {
+    const vf x0 = ld(x + j), x1 = ld(x + j + kW), x2 = ld(x + j + 2 * kW), x3 = ld(x + j + 3 * kW);
+    a0 += x0 * x0, a1 += x1 * x1, a2 += x2 * x2, a3 += x3 * x3;
+  }
+  for (; j + kW <= n; j += kW) {
+    const vf x0 = ld(x + j);
+    a0 += x0 * x0;
+  }
+  float t = hsum((a0 + a1) + (a2 + a3));
+  for (; j < n; ++j) t += x[j] * x[j];
+  return t;
+}
+
+// g = dy * w (stored, rounded once), returns {sum(g * (x - mu)), sum(g)}.
+inline void row_ln_bwd_sums(const float* dy, const float* w, const float* x, float mu, float* g, int64_t n,
+                            float* s_gx, float* s_g) {
+  vf a0 = {}, a1 = {}, b0 = {}, b1 = {};
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) {
+    const vf g0 = ld(dy + j) * ld(w + j), g1 = ld(dy + j + kW) * ld(w + j + kW);
+    std::memcpy(g + j, &g0, sizeof(g0));
+    std::memcpy(g + j + kW, &g1, sizeof(g1));
+    a0 += g0 * (ld(x + j) - mu), a1 += g1 * (ld(x + j + kW) - mu);
+    b0 += g0, b1 += g1;
+  }
+  float ta = hsum(a0 + a1), tb = hsum(b0 + b1);
+  for (; j < n; ++j) {
+    g[j] = dy[j] * w[j];
+    ta += g[j] * (x[j] - mu);
+    tb += g[j];
+  }
+  *s_gx = ta, *s_g = tb;
+}
+
+// sum(dy * w * x)
+inline float row_dot3(const float* dy, const float* w, const float* x, int64_t n) {
+  vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t j = 0;
+  for (; j + 4 * kW <= n; j += 4 * kW) {
+    a0 += ld(dy + j) * ld(w + j) * ld(x + j);
+    a1 += ld(dy + j + kW) * ld(w + j + kW) * ld(x + j + kW);
+    a2 += ld(dy + j + 2 * kW) * ld(w + j + 2 * kW) * ld(x + j + 2 * kW);
+    a3 += ld(dy + j + 3 * kW) * ld(w + j + 3 * kW) * ld(x + j + 3 * kW);
+  }
+  for (; j + kW <= n; j += kW) a0 += ld(dy + j) * ld(w + j) * ld(x + j);
+  float t = hsum((a0 + a1) + (a2 + a3));
+  for (; j < n; ++j) t += dy[j] * w[j] * x[j];
+  return t;
+}
+
+// ---------------------------------------------------------------- conversions and stores
+template <typename T>
+inline void load_f32(const T* src, float* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(s[i]);
+  } else {
+    int64_t i = 0;
+#if FL_ISA >= 256
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+    for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <typename T>
+inline void store_from_f32(const float* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
+  } else {
+    int64_t i = 0;
+#if FL_ISA >= 256
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
+  }
+}
+
+// A row as float: the row itself for float, else converted into buf.
+template <typename T>
+inline const float* as_f32(const T* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    load_f32<T>(src, buf, n);
+    return buf;
+  }
+}
+
+// Round float values in place through T (what `.to(T)` then `.float()` does); identity for float.
+template <typename T>
+inline void round_through_t(float* v, T* scratch, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) {
+    store_from_f32<T>(v, scratch, n);
+    load_f32<T>(scratch, v, n);
+  }
+}
+
+// memcpy whose aligned middle uses non-temporal stores (no read-for-ownership of dst lines).
+// The caller ends its work with fence().
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if defined(__x86_64__)
+  int64_t head = static_cast<int64_t>((64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63);
+  head = std::min(head, bytes);
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+#if FL_ISA >= 512
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+#elif FL_ISA >= 256
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32)));
+#else
+    for (int k = 0; k < 64; k += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + k), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
+#endif
+  }
+#endif
+  std::memcpy(d, s, bytes);
+}
+
+inline void fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Per-thread scratch: float tiles for 16-bit rows and for streamed outputs.
+template <typename T>
+struct Scratch {
+  std::vector<float> f;
+  std::vector<T> t;
+  Scratch(int64_t floats, int64_t ts) : f(floats), t(ts) {}
+};
+
+// Where to compute an output tile: in place (float, not streamed) or in `tile`.
+template <typename T>
+inline float* tile_for(T* dst, float* tile, bool stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    return stream ? tile : dst;
+  } else {
+    return tile;
+  }
+}
+
+// Write a computed float tile (from tile_for) to dst: convert, and stream when asked.
+template <typename T>
+inline void commit(const float* tile, T* dst, int64_t n, bool stream, T* tbuf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (stream) stream_copy(dst, tile, n * 4);
+  } else if (stream) {
+    store_from_f32<T>(tile, tbuf, n);
+    stream_copy(dst, tbuf, n * static_cast<int64_t>(sizeof(T)));
+  } else {
+    store_from_f32<T>(tile, dst, n);
+  }
+}
+
+// Row i of x (+ residual, rounded through T like eager `x + residual`) as float; writes the sum
+// row when a residual is given. For float with a residual, ss_out receives sum(s^2) (the add and
+// the RMS reduction in one pass); otherwise ss_out is left alone.
+template <typename T>
+inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, int64_t n, float* buf,
+                              float* buf2, bool stream, float* ss_out) {
+  const float* xr = as_f32<T>(x + i * n, buf, n);
+  if (!res) return xr;
+  const float* rr = as_f32<T>(res + i * n, buf2, n);
+  if constexpr (std::is_same_v<T, float>) {
+    float* s = stream ? buf : sum_out + i * n;  // streamed: computed in buf, then streamed out
+    const float ss = row_add_sumsq(xr, rr, s, n);
+    if (ss_out) *ss_out = ss;
+    if (stream) stream_copy(sum_out + i * n, s, n * 4);
+    return s;
+  } else {
+    float* s = buf;  // xr is buf too: same index, read before written
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] = xr[j] + rr[j];
+    T* dst = sum_out + i * n;
+    store_from_f32<T>(s, dst, n);  // the rounded sum: the output, and what eager's norm reads
+    load_f32<T>(dst, s, n);
+    return s;
+  }
+}
+
+// ---------------------------------------------------------------- LayerNorm
+template <typename T>
+void ln_fwd(const LnFwd& a) {
+  const int64_t m = a.m, n = a.n;
+  const T* xp = static_cast<const T*>(a.x);
+  const T* rp = static_cast<const T*>(a.res);
+  T* sp = static_cast<T*>(a.sum);
+  T* yp = static_cast<T*>(a.y);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  const bool stream = a.stream;
+  const std::vector<float> ones(a.w ? 0 : n, 1.f), zeros(a.b ? 0 : n, 0.f);
+  const float* wv = a.w ? a.w : ones.data();
+  const float* bv = a.b ? a.b : zeros.data();
+  at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
+    Scratch<T> sc(2 * n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));
+    float* tile = sc.f.data() + 2 * n;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, nullptr);
+      const float mu = row_sum(xr, n) * inv_n;
+      const float r = 1.0f / std::sqrt(row_sq_dev(xr, n, mu) * inv_n + static_cast<float>(a.eps));
+      a.mean[i] = mu;
+      a.rstd[i] = r;
+      for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // column tiles: tile, x/w/b slices stay in L1
+        const int64_t len = std::min(kTile, n - j0);
+        const float *xt = xr + j0, *wt = wv + j0, *bt = bv + j0;
+        float* yt = tile_for<T>(yp + i * n + j0, tile, stream);
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) yt[j] = (xt[j] - mu) * r * wt[j] + bt[j];
+        commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
+      }
+    }
+    if (stream || rp) fence();
+  });
+}
+
+// ---------------------------------------------------------------- backward, in blocks of rows
+// The backward passes run on blocks of kRows rows, so the chunk's weight/bias gradient partials
+// (and the weight) are loaded and stored once per block instead of once per row. Rows are added
+// to the partials in row order, as a row-at-a-time loop would.
+constexpr int kRows = 4;
+
+inline void st(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// One row of a backward block, as float. g: dy * w (LayerNorm) or the rounded n_hat (RMSNorm,
+// llama casting of 16-bit inputs); a: the sum's gradient (dadd), null when absent.
+struct BRow {
+  const float *x, *dy, *a, *g;
+  float* dx;
+  float mu, r, c1, c2;
+};
+
+// LayerNorm: xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) + a; pw += dy * xhat; pb += dy.
+template <int R, bool A>
+inline void ln_bwd_block(const BRow* q, float* pw, float* pb, int64_t n) {
+  const float *x[R], *dy[R], *g[R], *ad[R];
+  float* dx[R];
+  float mu[R], r[R], c1[R], c2[R];
+  for (int k = 0; k < R; ++k) {  // locals: no store below can alias them
+    x[k] = q[k].x, dy[k] = q[k].dy, g[k] = q[k].g, ad[k] = q[k].a, dx[k] = q[k].dx;
+    mu[k] = q[k].mu, r[k] = q[k].r, c1[k] = q[k].c1, c2[k] = q[k].c2;
+  }
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW) {
+    vf sw = ld(pw + j), sb = ld(pb + j);
+    for (int k = 0; k < R; ++k) {
+      const vf xh = (ld(x[k] + j) - mu[k]) * r[k], d = ld(dy[k] + j);
+      vf o = r[k] * (ld(g[k] + j) - c2[k] - xh * c1[k]);
+      if constexpr (A) o += ld(ad[k] + j);
+      st(dx[k] + j, o);
+      sw += d * xh;
+      sb += d;
+    }
+    st(pw + j, sw);
+    st(pb + j, sb);
+  }
+  for (; j < n; ++j) {
+    for (int k = 0; k < R; ++k) {
+      const float xh = (x[k][j] - mu[k]) * r[k];
+      float o = r[k] * (g[k][j] - c2[k] - xh * c1[k]);
+      if constexpr (A) o += ad[k][j];
+      dx[k][j] = o;
+      pw[j] += dy[k][j] * xh;
+      pb[j] += dy[k][j];
+    }
+  }
+}
+
+// RMSNorm: dx = r * (dy * w - x * c1) + a; pw += dy * x * r, or pw += dy * g (NH: rounded n_hat).
+template <int R, bool A, bool NH>
+inline void rms_bwd_block(const BRow* q, const float* w, float* pw, int64_t n) {
+  const float *x[R], *dy[R], *g[R], *ad[R];
+  float* dx[R];
+  float r[R], c1[R];
+  for (int k = 0; k < R; ++k) {
+    x[k] = q[k].x, dy[k] = q[k].dy, g[k] = q[k].g, ad[k] = q[k].a, dx[k] = q[k].dx;
+    r[k] = q[k].r, c1[k] = q[k].c1;
+  }
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW) {
+    const vf wv = ld(w + j);
+    vf sw = ld(pw + j);
+    for (int k = 0; k < R; ++k) {
+      const vf d = ld(dy[k] + j), xv = ld(x[k] + j);
+      vf o = r[k] * (d * wv - xv * c1[k]);
+      if constexpr (A) o += ld(ad[k] + j);
+      st(dx[k] + j, o);
+      if constexpr (NH) {
+        sw += d * ld(g[k] + j);
+      } else {
+        sw += d * xv * r[k];
+      }
+    }
+    st(pw + j, sw);
+  }
+  for (; j < n; ++j) {
+    for (int k = 0; k < R; ++k) {
+      float o = r[k] * (dy[k][j] * w[j] - x[k][j] * c1[k]);
+      if constexpr (A) o += ad[k][j];
+      dx[k][j] = o;
+      pw[j] += NH ? dy[k][j] * g[k][j] : dy[k][j] * x[k][j] * r[k];
+    }
+  }
+}
+
+template <typename T>
+void ln_bwd(const LnBwd& a) {
+  const int64_t m = a.m, n = a.n;
+  const T* xp = static_cast<const T*>(a.x);
+  const T* dyp = static_cast<const T*>(a.dy);
+  const T* dap = static_cast<const T*>(a.dadd);
+  T* dxp = static_cast<T*>(a.dx);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  const int64_t nchunks = chunks_for(m, n);
+  std::vector<float> dw_part(a.dw ? nchunks * n : 0, 0.f), db_part(a.db ? nchunks * n : 0, 0.f);
+  const std::vector<float> ones(a.w ? 0 : n, 1.f);
+  const float* wv = a.w ? a.w : ones.data();
+  const bool stream = a.stream;
+  at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
+    // Per thread: per block row x, dy, dadd (16-bit inputs), g = dy * w, dx tile; scratch
+    // partials for grads nobody asked for.
+    Scratch<T> sc(kRows * 5 * n + 2 * n, std::is_same_v<T, float> && !stream ? 0 : n);
+    float* sw = sc.f.data() + kRows * 5 * n;
+    float* sb = sw + n;
+    BRow q[kRows];
+    for (int64_t c = cbegin; c < cend; ++c) {
+      float* pw = a.dw ? dw_part.data() + c * n : sw;
+      float* pb = a.db ? db_part.data() + c * n : sb;
+      auto prep = [&](int64_t k, int64_t i, float* base) {
+        BRow& row = q[k];
+        row.x = as_f32<T>(xp + i * n, base, n);
+        row.dy = as_f32<T>(dyp + i * n, base + n, n);
+        row.a = dap ? as_f32<T>(dap + i * n, base + 2 * n, n) : nullptr;
+        row.mu = a.mean[i], row.r = a.rstd[i];
+        // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
+        // where it should be (e.g. N = 1) even when the compiler contracts into FMAs.
+        float s_gx, s_g;
+        row_ln_bwd_sums(row.dy, wv, row.x, row.mu, base + 3 * n, n, &s_gx, &s_g);
+        row.g = base + 3 * n;
+        row.c1 = s_gx * row.r * inv_n, row.c2 = s_g * inv_n;
+        row.dx = tile_for<T>(dxp + i * n, base + 4 * n, stream);
+      };
+      const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
+      for (int64_t i = i0; i < i1; i += kRows) {
+        const int64_t rows = std::min<int64_t>(kRows, i1 - i);
+        for (int64_t k = 0; k < rows; ++k) prep(k, i + k, sc.f.data() + k * 5 * n);
+        if (rows == kRows) {
+          dap ? ln_bwd_block<kRows, true>(q, pw, pb, n) : ln_bwd_block<kRows, false>(q, pw, pb, n);
+        } else {
+          for (int64_t k = 0; k < rows; ++k)
+            dap ? ln_bwd_block<1, true>(q + k, pw, pb, n) : ln_bwd_block<1, false>(q + k, pw, pb, n);
+        }
+        for (int64_t k = 0; k < rows; ++k) commit<T>(q[k].dx, dxp + (i + k) * n, n, stream, sc.t.data());
+      }
+    }
+    if (stream) fence();
+  });
+  if (a.dw) reduce_partials(dw_part.data(), nchunks, n, a.dw);
+  if (a.db) reduce_partials(db_part.data(), nchunks, n, a.db);
+}
+
+// ---------------------------------------------------------------- RMSNorm
+// llama_cast: y = round(round(x * rstd) * w) (HF LlamaRMSNorm: normalize in fp32, cast to the
+// input dtype, then multiply by the weight); otherwise y = round(x * rstd * w) (Gemma: all fp32,
+// one cast). w already holds (offset + weight) as float.
+template <typename T>
+void rms_fwd(const RmsFwd& a) {
+  const int64_t m = a.m, n = a.n;
+  const T* xp = static_cast<const T*>(a.x);
+  const T* rp = static_cast<const T*>(a.res);
+  T* sp = static_cast<T*>(a.sum);
+  T* yp = static_cast<T*>(a.y);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  const bool stream = a.stream;
+  const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
+  const std::vector<float> ones(a.w ? 0 : n, 1.f);
+  const float* wv = a.w ? a.w : ones.data();
+  at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
+    Scratch<T> sc(2 * n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));
+    float* tile = sc.f.data() + 2 * n;
+    for (int64_t i = begin; i < end; ++i) {
+      float ss = 0.f;
+      const bool fused_ss = std::is_same_v<T, float> && rp;  // the add computed sum(s^2) already
+      const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, &ss);
+      if (!fused_ss) ss = row_sumsq(xr, n);
+      const float r = 1.0f / std::sqrt(ss * inv_n + static_cast<float>(a.eps));
+      a.rstd[i] = r;
+      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+        const int64_t len = std::min(kTile, n - j0);
+        const float *xt = xr + j0, *wt = wv + j0;
+        float* yt = tile_for<T>(yp + i * n + j0, tile, stream);
+        if (round_n) {  // HF llama: round the normalized value to T before the weight
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r;
+          round_through_t<T>(yt, sc.t.data(), len);
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) yt[j] *= wt[j];
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r * wt[j];
+        }
+        commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
+      }
+    }
+    if (stream || rp) fence();
+  });
+}
+
+template <typename T>
+void rms_bwd(const RmsBwd& a) {
+  const int64_t m = a.m, n = a.n;
+  const T* xp = static_cast<const T*>(a.x);
+  const T* dyp = static_cast<const T*>(a.dy);
+  const T* dap = static_cast<const T*>(a.dadd);
+  T* dxp = static_cast<T*>(a.dx);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  const int64_t nchunks = chunks_for(m, n);
+  std::vector<float> dw_part(a.dw ? nchunks * n : 0, 0.f);
+  const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
+  const std::vector<float> ones(a.w ? 0 : n, 1.f);
+  const float* wv = a.w ? a.w : ones.data();
+  const bool stream = a.stream;
+  at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
+    Scratch<T> sc(kRows * 5 * n + n, std::is_same_v<T, float> && !stream ? 0 : n);
+    float* sw = sc.f.data() + kRows * 5 * n;
+    BRow q[kRows];
+    for (int64_t c = cbegin; c < cend; ++c) {
+      float* pw = a.dw ? dw_part.data() + c * n : sw;
+      auto prep = [&](int64_t k, int64_t i, float* base) {
+        BRow& row = q[k];
+        row.x = as_f32<T>(xp + i * n, base, n);
+        row.dy = as_f32<T>(dyp + i * n, base + n, n);
+        row.a = dap ? as_f32<T>(dap + i * n, base + 2 * n, n) : nullptr;
+        row.r = a.rstd[i];
+        row.c1 = row_dot3(row.dy, wv, row.x, n) * row.r * row.r * inv_n;  // mean(dn * n_hat) / rstd
+        if (round_n) {  // HF llama: the weight saw n_hat rounded to the input dtype
+          float* nh = base + 3 * n;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) nh[j] = row.x[j] * row.r;
+          round_through_t<T>(nh, sc.t.data(), n);
+        }
+        row.g = base + 3 * n;
+        row.dx = tile_for<T>(dxp + i * n, base + 4 * n, stream);
+      };
+      const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
+      for (int64_t i = i0; i < i1; i += kRows) {
+        const int64_t rows = std::min<int64_t>(kRows, i1 - i);
+        for (int64_t k = 0; k < rows; ++k) prep(k, i + k, sc.f.data() + k * 5 * n);
+        const int64_t per = rows == kRows ? kRows : 1;
+        for (int64_t k = 0; k < rows; k += per) {
+          const BRow* b = q + k;
+          if (per == kRows) {
+            if (dap) round_n ? rms_bwd_block<kRows, true, true>(b, wv, pw, n) : rms_bwd_block<kRows, true, false>(b, wv, pw, n);
+            else round_n ? rms_bwd_block<kRows, false, true>(b, wv, pw, n) : rms_bwd_block<kRows, false, false>(b, wv, pw, n);
+          } else {
+            if (dap) round_n ? rms_bwd_block<1, true, true>(b, wv, pw, n) : rms_bwd_block<1, true, false>(b, wv, pw, n);
+            else round_n ? rms_bwd_block<1, false, true>(b, wv, pw, n) : rms_bwd_block<1, false, false>(b, wv, pw, n);
+          }
+        }
+        for (int64_t k = 0; k < rows; ++k) commit<T>(q[k].dx, dxp + (i + k) * n, n, stream, sc.t.data());
+      }
+    }
+    if (stream) fence();
+  });
+  if (a.dw) reduce_partials(dw_part.data(), nchunks, n, a.dw);
+}
