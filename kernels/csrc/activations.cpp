@@ -5,7 +5,7 @@
 // (x + bias, gelu(x), silu(a)), these kernels read the inputs once and write the outputs once.
 // Rows run in parallel (at::parallel_for, OpenMP); inner loops work on fp32 chunks that fit in L1
 // (bf16/fp16 are widened on load and rounded to nearest-even on store) and vectorize through
-// `#pragma omp simd` with glibc's vector math (libmvec) for exp/tanh.
+// `#pragma omp simd`: GELU uses an inline rational erf and an inline exp (common.h), SiLU libmvec expf.
 // Outputs are allocated by the caller (Python, `kernels.registry.new_output`) and passed in.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -15,17 +15,17 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 
-// Let GCC call libmvec's vector exp/tanh inside `omp simd` loops. glibc declares these only
+// Let GCC call libmvec's vector exp inside `omp simd` loops. glibc declares these only
 // under __FAST_MATH__, which -fno-finite-math-only (needed so NaN/Inf keep their meaning) turns off.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
 extern "C" {
 float expf(float) __attribute__((__simd__("notinbranch")));
-float tanhf(float) __attribute__((__simd__("notinbranch")));
 }
 #endif
 
@@ -34,7 +34,6 @@ namespace {
 using fusionlens::exp_nonpos;
 
 constexpr int64_t kChunk = 1024;  // fp32 elements per L1 buffer
-constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
@@ -77,27 +76,76 @@ inline void map_chunks(const std::array<const T*, NI>& in, const std::array<T*, 
   }
 }
 
-// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, the formula ATen's vectorized erf uses).
-// erf(+-inf) = +-1; NaN stays NaN (through t).
-inline float erf_as(float x) {
-  const float ax = std::fabs(x);
-  const float t = 1.0f / (1.0f + 0.3275911f * ax);
-  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  return std::copysign(1.0f - poly * exp_nonpos(-ax * ax), x);
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+inline float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Integer select (all-ones mask picks a): vectorizes at any -march, unlike a float ?: under the
+// default -ftrapping-math.
+inline uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+
+constexpr uint32_t kOneBits = 0x3f800000u;  // 1.0f
+constexpr uint32_t kErfSatBits = 0x40b504f3u;  // 4 sqrt(2) = 5.656854f: erf(x / sqrt 2) rounds to 1 beyond
+
+// erf(|x| / sqrt 2) for the GELU: a P(a^2) / Q(a^2) with a = min(|x|, 4 sqrt 2), a (6, 6)-term
+// rational minimax fit made for these kernels (|error| 4e-8 in exact arithmetic, ~3e-7 after
+// float rounding, like ATen's A&S 7.1.26 at 1.5e-7, which costs an exp and a division more).
+// Q >= 1. The result is clamped to <= 1 and is exactly 1 from 4 sqrt 2 on (+-inf and NaN
+// included), so GELU(-inf) = -inf + inf = NaN as in eager; a NaN x makes the GELU NaN through x.
+// Plain multiply-adds (contracted to FMA where the target has it) and integer clamps only.
+inline float erf_abs_scaled(float x) {
+  const uint32_t ab = bits_of(x) & 0x7fffffffu;
+  const uint32_t sat = 0u - static_cast<uint32_t>(ab >= kErfSatBits);
+  const float a = float_of(ab < kErfSatBits ? ab : kErfSatBits);
+  const float a2 = a * a;
+  float p = 4.533083400e-08f;
+  p = p * a2 + 1.260004006e-05f;
+  p = p * a2 + 3.319819656e-04f;
+  p = p * a2 + 9.313984517e-03f;
+  p = p * a2 + 6.720817696e-02f;
+  p = p * a2 + 7.978844278e-01f;
+  float q = 1.191676001e-06f;
+  q = q * a2 + 7.261164011e-05f;
+  q = q * a2 + 1.867185030e-03f;
+  q = q * a2 + 2.849126954e-02f;
+  q = q * a2 + 2.508987347e-01f;
+  q = q * a2 + 1.0f;
+  const uint32_t rb = bits_of(a * p / q);
+  return float_of(select_bits(sat, kOneBits, rb < kOneBits ? rb : kOneBits));
+}
+
+// sigmoid(z) = 1 / (1 + exp(-z)) with the inline exp of a non-positive argument: e = exp(-|z|),
+// then 1 / (1 + e) for z >= 0 or e / (1 + e) (picked by the sign bit). No overflow;
+// sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN.
+inline float sigmoid(float z) {
+  const uint32_t zb = bits_of(z);
+  const float e = exp_nonpos(-float_of(zb & 0x7fffffffu));
+  const uint32_t neg = 0u - (zb >> 31);
+  return float_of(select_bits(neg, bits_of(e), kOneBits)) / (1.0f + e);
 }
 
 // ---- the activations, in fp32 (same algebra as ATen, so NaN/Inf land where eager's do) ------
 enum Kind : int64_t { kSilu = 0, kGeluErf = 1, kGeluTanh = 2 };
 
+// GELU (erf) = x (1 + erf(x / sqrt 2)) / 2 = (x + |x| erf(|x| / sqrt 2)) / 2.
+// GELU (tanh) is x * sigmoid(2u): 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
+// this form has no 1 + tanh cancellation for negative x and needs one exp.
 template <int64_t K>
 inline float act(float x) {
   if constexpr (K == kSilu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (K == kGeluErf) {
-    return 0.5f * x * (1.0f + erf_as(x * kSqrt1_2));
+    return 0.5f * (x + std::fabs(x) * erf_abs_scaled(x));
   } else {
-    float u = kBeta * (x + kKappa * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    return x * sigmoid(2.0f * kBeta * (kKappa * x * (x * x) + x));
   }
 }
 
@@ -109,14 +157,15 @@ inline void act_and_grad(float x, float& y, float& dy) {
     y = x * s;
     dy = s * (1.0f + x * (1.0f - s));
   } else if constexpr (K == kGeluErf) {
-    float cdf = 0.5f * (1.0f + erf_as(x * kSqrt1_2));
+    const float cdf = 0.5f + 0.5f * std::copysign(erf_abs_scaled(x), x);
     y = x * cdf;
     dy = cdf + x * kInvSqrt2Pi * exp_nonpos(-0.5f * x * x);
   } else {
-    float x2 = x * x;
-    float t = tanhf(kBeta * (x + kKappa * x2 * x));
-    y = 0.5f * x * (1.0f + t);
-    dy = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kBeta * (1.0f + 3.0f * kKappa * x2);
+    // d/dx x s(2u) = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    const float x2 = x * x;
+    const float s = sigmoid(2.0f * kBeta * (kKappa * x * x2 + x));
+    y = x * s;
+    dy = s + 2.0f * x * s * (1.0f - s) * kBeta * (3.0f * kKappa * x2 + 1.0f);
   }
 }
 

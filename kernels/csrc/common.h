@@ -136,25 +136,44 @@ inline void commit_row(const float* buf, T* dst, int64_t n) {
 // Column tile of the output pass (floats): with its input slices it stays in L1.
 constexpr int64_t kTile = 1024;
 
-// exp for arguments <= 0 (softmax's s - max, erf and the GELU density): inline, so simd loops make
-// no library call. Cephes' expf polynomial (about 2 ulp); arguments below -87 (-inf included) give
-// exactly 0, so inf * exp(-inf) stays NaN as in eager; NaN stays NaN.
+// exp for arguments <= 0 (softmax's s - max, the GELU density, sigmoid's exp(-|z|)): inline, so
+// simd loops make no library call. Cephes' expf polynomial (about 2 ulp); arguments below -87
+// (-inf included) give exactly 0, so inf * exp(-inf) stays NaN as in eager; NaN stays NaN.
+// Written with integer selects and plain multiply-adds (GCC contracts them to FMA where the target
+// has it): no std::fma (a library call without FMA hardware), no std::rint (SSE4.1), no float ?:
+// (not if-converted under the default -ftrapping-math), so callers' loops vectorize at any -march.
 inline float exp_nonpos(float x_in) {
-  const float x = x_in < -87.0f ? -87.0f : x_in;
-  const float n = std::rint(x * 1.44269504088896341f);  // x = n ln2 + r, |r| <= ln2 / 2
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
+  uint32_t b;
+  std::memcpy(&b, &x_in, 4);
+  // As unsigned bits, x in [-87, -0] is [0x80000000, 0xc2ae0000]; (-inf, -87) and -inf are
+  // (0xc2ae0000, 0xff800000]; a negative NaN is above, +0, positives and positive NaN below.
+  const uint32_t under = static_cast<uint32_t>(b > 0xc2ae0000u) & static_cast<uint32_t>(b <= 0xff800000u);
+  const uint32_t keep = under - 1u;  // all ones unless the result underflows to 0
+  const uint32_t bc = (b & keep) | (0xc2ae0000u & ~keep);  // clamped to -87
+  float x;
+  std::memcpy(&x, &bc, 4);
+  // n = round(x / ln2) for x <= 0 (truncation of v - 0.5 toward zero); x = n ln2 + r, |r| <= ln2 / 2
+  const int32_t ni = static_cast<int32_t>(x * 1.44269504088896341f - 0.5f);
+  const float n = static_cast<float>(ni);
+  float r = n * -0.693359375f + x;  // exact: the high part of ln2 has 9 bits, |n| <= 126
+  r = n * 2.12194440e-4f + r;
   float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r + 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + (r + 1.0f);
+  const uint32_t scale_bits = (static_cast<uint32_t>(ni) + 127u) << 23;  // 2^n
   float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x_in < -87.0f ? 0.0f : p * scale;
+  std::memcpy(&scale, &scale_bits, 4);
+  const float v = p * scale;
+  uint32_t vb;
+  std::memcpy(&vb, &v, 4);
+  vb &= keep;
+  float out;
+  std::memcpy(&out, &vb, 4);
+  return out;
 }
 
 // Outputs larger than 16 MiB are written with non-temporal stores: they would not stay in cache
