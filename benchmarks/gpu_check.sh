@@ -9,6 +9,9 @@
 # (small side files). Every CSV row and markdown table carries the date and the GPU name.
 # Everything else (run dirs, raw traces, caches) stays in $SCRATCH. A failed step does not stop
 # the next; the exit status is 1 if any step failed, 2 without a usable CUDA GPU.
+# To commit: append the rows of kernels_gpu.csv to benchmarks/results/kernels_gpu.csv and those of
+# capture_check.csv to benchmarks/results/capture_gpu.csv (same columns), and keep the .md tables
+# as benchmarks/results/{kernels,capture}_gpu_<gpu>.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out/gpu}"
