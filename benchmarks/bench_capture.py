@@ -1,26 +1,39 @@
 """Capture overhead: a profiled steady-state step vs the same step unprofiled, on the zoo models.
 
-Variants, interleaved round by round (harness protocol), per model:
+Variants (profiler settings from `profiler.capture.kineto.profiler_options`, i.e. what a capture
+runs; every profiled step ends with `prof.step()`, so `ProfilerStep#N` markers are included):
 - eager:          the step with no profiler (the baseline);
-- kineto:         torch.profiler active (CPU activity; + CUDA on GPU), no shapes: the capture's
-                  default mode (target: <= 5% over eager; joined ops get their shapes from the
-                  untimed cost pass instead);
-- kineto+shapes:  record_shapes=True (--shapes);
-- +memory:        record_shapes + profile_memory (heavier: one event per allocation);
-- +stack:         record_shapes + with_stack (heavier: Python stacks per op).
-Each round enters a fresh profiler (untimed), runs one warm step, then times `--inner` steps;
-the ratio variant/eager is taken per round, then summarised (p20/p50/p80). CPU (process) time is
-the robust number on a shared machine; wall time is what users feel.
+- kineto:         the default capture mode (no shapes/memory/stack; target <= 5% over eager);
+- kineto-extcorr: the default with Kineto's external correlation on (the default before
+                  2026-11-30; on CPU it links nothing: measures that lever);
+- +shapes, +memory, +stack: the heavier modes (`--shapes`, `--memory`, `--stack`).
 
-The one-off costs of `runner.capture` (untimed FLOPs pass, trace export, load, join) are reported
-separately from one full capture per model.
+Protocol (benchmarks/harness.py conventions, plus what a fair A/B of a profiler needs):
+- one model, optimizer and allocator state for all variants (same step function, same train or
+  inference mode), warmed by 3 unprofiled steps;
+- per round, every variant: `gc.collect()`, enter its profiler (untimed), one untimed step (the
+  first profiled step pays one-off set-up), then `inner` timed steps; profiler exit, trace
+  building and freeing are outside the timed block;
+- the variant order rotates every round, so no variant always follows a heavy one;
+- `inner` grows until a block is >= --min-block-ms of the eager step (short blocks are mostly
+  scheduler noise on a shared machine);
+- ratio variant/eager per round, then p20/p50/p80; process CPU time (all threads of this
+  process) is the robust number, wall time what users feel; threads and load average recorded.
+
+`--perop` (on by default) first measures the profiler's cost per recorded op on an empty op loop
+(`torch.add` on 4-element tensors, one event per call), and the table predicts each model's
+overhead as events per step x that cost / the eager step.
 
     .venv/bin/python benchmarks/bench_capture.py [--models gpt2,llama] [--size small] [--mode train]
+        [--variants eager,kineto] [--rounds 9] [--threads 1]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import gc
+import math
 import sys
 import tempfile
 import time
@@ -31,48 +44,148 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
+from torch.profiler import ProfilerAction, profile  # noqa: E402
 
 from benchmarks.harness import Timing, append_rows, percentiles, print_table  # noqa: E402
 from profiler.capture.backends import CapturePlan  # noqa: E402
+from profiler.capture.kineto import profiler_options  # noqa: E402
 from profiler.capture.runner import capture, make_step, prepare  # noqa: E402
 from profiler.capture.spec import load_spec  # noqa: E402
 from profiler.capture.zoo import zoo_models  # noqa: E402
 
-VARIANTS = {
-    "eager": None,
-    "kineto": dict(record_shapes=False),
-    "kineto+shapes": dict(record_shapes=True),
+PLAN_CHANGES = {
+    "kineto": {},
+    "+shapes": dict(record_shapes=True),
     "+memory": dict(record_shapes=True, profile_memory=True),
     "+stack": dict(record_shapes=True, with_stack=True),
 }
+ALL_VARIANTS = ("eager", "kineto", "kineto-extcorr", "+shapes", "+memory", "+stack")
+PEROP_N = 20_000
 
 
-def _context(opts: dict | None, cuda: bool):
-    if opts is None:
-        return contextlib.nullcontext()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    return profile(activities=acts, **opts)
+def options(variant: str, plan: CapturePlan) -> dict | None:
+    """`torch.profiler.profile` kwargs of `variant` (None: no profiler)."""
+    if variant == "eager":
+        return None
+    if variant == "kineto-extcorr":
+        opts = profiler_options(plan)
+        opts["experimental_config"] = None  # torch's default: external correlation on
+        return opts
+    return profiler_options(dataclasses.replace(plan, **PLAN_CHANGES[variant]))
 
 
-def overhead(name: str, size: str, mode: str, device: str, rounds: int, inner: int) -> Timing:
-    """Per-step wall and CPU seconds of every variant, interleaved over `rounds` rounds."""
-    plan = CapturePlan(device=device, mode=mode)
-    step = make_step(prepare(load_spec(name, size=size), plan), plan)
+def _always_record(step: int) -> ProfilerAction:
+    """A schedule that records every step, so `prof.step()` emits ProfilerStep markers."""
+    return ProfilerAction.RECORD
+
+
+def _session(opts: dict | None):
+    return contextlib.nullcontext() if opts is None else profile(schedule=_always_record, **opts)
+
+
+def cpu_events(prof) -> int:
+    """CPU-side events the profiler recorded (ops, ProfilerStep markers, annotations)."""
+    results = prof.profiler.kineto_results if prof is not None and prof.profiler else None
+    return 0 if results is None else sum(e.device_type() == DeviceType.CPU for e in results.events())
+
+
+def _block(step, opts: dict | None, inner: int) -> tuple[float, float, int]:
+    """(cpu_s, wall_s) per step of `inner` timed steps under `opts`, and events recorded per step."""
+    gc.collect()
+    with _session(opts) as prof:
+        step(0)  # the first profiled step pays one-off set-up: not steady state
+        if prof is not None:
+            prof.step()
+        c0, w0 = time.process_time(), time.perf_counter()
+        for i in range(inner):
+            step(i)
+            if prof is not None:
+                prof.step()
+        w1, c1 = time.perf_counter(), time.process_time()
+    events = cpu_events(prof) / (inner + 1) if opts is not None else 0
+    return (c1 - c0) / inner, (w1 - w0) / inner, events
+
+
+def _rotated(names: list[str], r: int) -> list[str]:
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def overhead(step, plan: CapturePlan, variants: list[str], rounds: int, inner: int,
+             min_block_s: float) -> tuple[Timing, dict[str, float], int]:
+    """Interleaved, rotated rounds: per-step seconds per variant, events per step, inner used."""
     for i in range(3):  # warm: allocator, optimizer state, kernel selection
         step(i)
-    timing = Timing({v: [] for v in VARIANTS}, {v: [] for v in VARIANTS})
-    for _ in range(rounds):
-        for variant, opts in VARIANTS.items():
-            with _context(opts, plan.is_cuda):
-                step(0)  # the first profiled step pays one-off set-up: not steady state
-                c0, w0 = time.process_time(), time.perf_counter()
-                for i in range(inner):
-                    step(i)
-                w1, c1 = time.perf_counter(), time.process_time()
-            timing.wall_s[variant].append((w1 - w0) / inner)
-            timing.cpu_s[variant].append((c1 - c0) / inner)
-    return timing
+    c0 = time.process_time()
+    for i in range(3):
+        step(i)
+    step_s = (time.process_time() - c0) / 3
+    inner = max(inner, math.ceil(min_block_s / max(step_s, 1e-6)))
+    opts = {v: options(v, plan) for v in variants}
+    timing = Timing({v: [] for v in variants}, {v: [] for v in variants})
+    events: dict[str, float] = {}
+    for r in range(rounds):
+        for v in _rotated(variants, r):
+            cpu_s, wall_s, ev = _block(step, opts[v], inner)
+            timing.cpu_s[v].append(cpu_s)
+            timing.wall_s[v].append(wall_s)
+            events.setdefault(v, ev)
+    return timing, events, inner
+
+
+def perop_cost(plan: CapturePlan, rounds: int) -> tuple[Timing, dict[str, float]]:
+    """Per-call seconds of `torch.add` (4 elements, one event) with no profiler vs each profiler."""
+    x, y = torch.ones(4), torch.ones(4)
+
+    def loop(i: int = 0) -> None:
+        for _ in range(PEROP_N):
+            torch.add(x, y)
+
+    variants = ["eager", "kineto", "kineto-extcorr", "+shapes"]
+    timing, events, _ = overhead(loop, plan, variants, rounds, 2, 0.0)
+    for metric in ("cpu_s", "wall_s"):
+        for v in variants:
+            getattr(timing, metric)[v] = [s / PEROP_N for s in getattr(timing, metric)[v]]
+    return timing, {v: e / PEROP_N for v, e in events.items()}
+
+
+def perop_rows(timing: Timing, events: dict[str, float], shape: str, note: str) -> tuple[list[dict], float]:
+    """Rows of the per-op cost (us per op over eager, per round) and the default mode's median."""
+    rows = []
+    base = timing.cpu_s["eager"]
+    cost_us = 0.0
+    for v in timing.cpu_s:
+        if v == "eager":
+            continue
+        extra = [1e6 * (a - b) for a, b in zip(timing.cpu_s[v], base)]
+        p20, p50, p80 = percentiles(extra)
+        cost_us = p50 if v == "kineto" else cost_us
+        rows.append(dict(benchmark="capture_perop", variant=v, shape=shape, metric="cpu_us_per_op_over_eager",
+                         p20=p20, p50=p50, p80=p80, unit="us",
+                         notes=f"{note}; eager {percentiles(base)[1] * 1e6:.3f} us/op; events/op {events.get(v, 0):.3f}"))
+    return rows, cost_us
+
+
+def model_rows(t: Timing, events: dict[str, float], shape: str, note: str) -> list[dict]:
+    rows = []
+    for metric in ("wall_s", "cpu_s"):
+        name = metric.replace("_s", "")
+        for variant, xs in getattr(t, metric).items():
+            p20, p50, p80 = percentiles(x * 1e3 for x in xs)
+            rows.append(dict(benchmark="capture_step", variant=variant, shape=shape, metric=f"{name}_time",
+                             p20=p20, p50=p50, p80=p80, unit="ms", notes=note))
+            if variant == "eager":
+                continue
+            over = percentiles(100 * (b / a - 1) for a, b in zip(getattr(t, metric)["eager"], xs))
+            rows.append(dict(benchmark="capture_overhead", variant=variant, shape=shape, metric=f"{name}_overhead",
+                             p20=over[0], p50=over[1], p80=over[2], unit="%",
+                             notes=f"{note}; per-round variant/eager - 1; default = kineto (target <= 5%)"))
+    for variant, ev in events.items():
+        if variant != "eager":
+            rows.append(dict(benchmark="capture_events", variant=variant, shape=shape, metric="cpu_events_per_step",
+                             p20=ev, p50=ev, p80=ev, unit="events", notes=note))
+    return rows
 
 
 def fixed_costs(name: str, size: str, mode: str, device: str) -> dict[str, float]:
@@ -88,42 +201,55 @@ def main() -> None:
     ap.add_argument("--size", default="small")
     ap.add_argument("--mode", default="train", choices=["train", "infer"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--inner", type=int, default=8)
+    ap.add_argument("--variants", default=",".join(ALL_VARIANTS))
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--inner", type=int, default=3, help="minimum timed steps per block")
+    ap.add_argument("--min-block-ms", type=float, default=150.0, help="minimum eager CPU time per block")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--no-perop", action="store_true", help="skip the empty-op-loop per-op cost")
+    ap.add_argument("--no-fixed", action="store_true", help="skip the one full capture per model")
+    ap.add_argument("--dry-run", action="store_true", help="print the table, append no rows")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows, table = [], []
+    variants = [v.strip() for v in args.variants.split(",")]
+    if variants[0] != "eager" or any(v not in ALL_VARIANTS for v in variants):
+        ap.error(f"--variants: eager first, then any of {ALL_VARIANTS[1:]}")
+    plan0 = CapturePlan(device=args.device, mode=args.mode)
+    rows, table, cost_us = [], [], None
+    if not args.no_perop:
+        pt, pev = perop_cost(plan0, args.rounds)
+        prow, cost_us = perop_rows(pt, pev, f"torch.add 4 elems x {PEROP_N}/{args.device}", f"rounds={args.rounds}")
+        rows += prow
+        for r in prow:
+            table.append(["(empty op loop)", r["variant"], pt.cpu_s["eager"][0] * 1e6, r["p50"], "us/op over eager",
+                          "", ""])
     for name in args.models.split(","):
         shape = f"{name}/{args.size}/{args.mode}/{args.device}"
-        t = overhead(name, args.size, args.mode, args.device, args.rounds, args.inner)
-        note = f"rounds={args.rounds} inner={args.inner}; per step"
-        for metric in ("wall_s", "cpu_s"):
-            for variant, xs in getattr(t, metric).items():
-                p20, p50, p80 = percentiles(x * 1e3 for x in xs)
-                rows.append(dict(benchmark="capture_step", variant=variant, shape=shape,
-                                 metric=metric.replace("_s", "_time"), p20=p20, p50=p50, p80=p80, unit="ms", notes=note))
-                if variant != "eager":
-                    # ratio eager/variant <1 is a slowdown; report overhead = variant/eager - 1
-                    r20, r50, r80 = t.ratio("eager", variant, metric)
-                    over = [100 * (1 / r - 1) for r in (r80, r50, r20)]
-                    rows.append(dict(benchmark="capture_overhead", variant=variant, shape=shape,
-                                     metric=f"{metric.replace('_s', '')}_overhead", p20=over[0], p50=over[1],
-                                     p80=over[2], unit="%", notes="per-round variant/eager - 1; default mode = kineto (target <= 5%)"))
-                    if metric == "cpu_s":
-                        table.append([name, variant, percentiles(t.cpu_s["eager"])[1] * 1e3, over[1],
-                                      100 * (1 / t.ratio("eager", variant, "wall_s")[1] - 1)])
-        fc = fixed_costs(name, args.size, args.mode, args.device)
-        for key, value in fc.items():
-            rows.append(dict(benchmark="capture_fixed", variant="kineto+flops (default)", shape=shape, metric=key,
-                             p20=value, p50=value, p80=value, unit="s", notes="one full capture (5 steps), single run"))
-        table.append([name, "fixed: flops pass / export / load (s)", fc.get("flops_pass_s", 0.0),
-                      fc.get("export_s", 0.0), fc.get("load_s", 0.0)])
-    print_table(f"capture overhead per step ({args.size}, {args.mode}, {args.device}; threads={torch.get_num_threads()})",
-                ["model", "variant", "eager cpu ms", "cpu overhead %", "wall overhead %"], table)
-    path = append_rows("capture.csv", rows)
-    print(f"\nappended {len(rows)} rows to {path}")
+        plan = dataclasses.replace(plan0)
+        step = make_step(prepare(load_spec(name, size=args.size), plan), plan)
+        t, events, inner = overhead(step, plan, variants, args.rounds, args.inner, args.min_block_ms / 1e3)
+        rows += model_rows(t, events, shape, f"rounds={args.rounds} inner={inner} rotated; per step")
+        eager_ms = percentiles(t.cpu_s["eager"])[1] * 1e3
+        for v in variants[1:]:
+            cpu = percentiles(100 * (b / a - 1) for a, b in zip(t.cpu_s["eager"], t.cpu_s[v]))
+            wall = percentiles(100 * (b / a - 1) for a, b in zip(t.wall_s["eager"], t.wall_s[v]))
+            pred = (f"{100 * events[v] * cost_us * 1e-3 / eager_ms:.1f}" if cost_us is not None and v == "kineto"
+                    else "")
+            table.append([name, v, eager_ms, f"{cpu[0]:.1f} / {cpu[1]:.1f} / {cpu[2]:.1f}", f"{wall[1]:.1f}",
+                          f"{events[v]:.0f}", pred])
+        if not args.no_fixed:
+            fc = fixed_costs(name, args.size, args.mode, args.device)
+            for key, value in fc.items():
+                rows.append(dict(benchmark="capture_fixed", variant="kineto+flops (default)", shape=shape, metric=key,
+                                 p20=value, p50=value, p80=value, unit="s", notes="one full capture (5 steps), single run"))
+    print_table(f"capture overhead per step ({args.size}, {args.mode}, {args.device}; "
+                f"threads={torch.get_num_threads()}; rounds={args.rounds})",
+                ["model", "variant", "eager cpu ms", "cpu overhead % p20/p50/p80", "wall % p50", "events/step",
+                 "predicted %"], table)
+    if not args.dry_run:
+        path = append_rows("capture.csv", rows)
+        print(f"\nappended {len(rows)} rows to {path}")
 
 
 if __name__ == "__main__":

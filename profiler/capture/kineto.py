@@ -3,15 +3,19 @@
 A schedule of wait/warmup/active steps (repeat once), `ProfilerStep#N` markers from `prof.step()`,
 `record_shapes`, optional memory and stack recording. The Kineto JSON is written to `out_dir`
 (Perfetto and TensorBoard open it) and loaded with `profiler.trace.load_trace`.
+
+`profiler_options(plan)` is the one place the profiler's settings are chosen; the backend and
+`benchmarks/bench_capture.py` both use it, so the overhead the benchmark reports is the capture's.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
+from torch._C._profiler import _ExperimentalConfig
 
 from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn, register_backend
 
@@ -41,6 +45,21 @@ def _load_trace() -> Callable:
     return load_trace
 
 
+def profiler_options(plan: CapturePlan) -> dict[str, Any]:
+    """Keyword arguments for `torch.profiler.profile` (no schedule) that capture `plan`.
+
+    Only what the plan asks for is on: no `with_modules`/`with_flops` (FLOPs and shapes come from
+    the untimed cost pass). On CPU, external correlation is off: it pushes and pops an id around
+    every op (measured ~0.05 of Kineto's ~0.35 us per op, bench_capture.py --perop) and only links
+    ops to GPU activity, which a CPU trace does not have. On CUDA it stays on: the FLOPs join and
+    kernel attribution read the kernels' External id.
+    """
+    return dict(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plan.is_cuda else []),
+                record_shapes=plan.record_shapes, profile_memory=plan.profile_memory,
+                with_stack=plan.with_stack, with_modules=False, with_flops=False, acc_events=False,
+                experimental_config=_ExperimentalConfig(disable_external_correlation=not plan.is_cuda))
+
+
 @register_backend("kineto")
 def kineto_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Path,
                    progress: Optional[ProgressFn] = None) -> CaptureResult:
@@ -48,7 +67,6 @@ def kineto_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: P
     reason = _cuda_reason(plan)
     if reason:
         raise CaptureError(reason)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plan.is_cuda else [])
     path = Path(out_dir) / trace_filename(_rank())
     written: list[float] = []
 
@@ -59,9 +77,7 @@ def kineto_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: P
 
     sched = schedule(wait=plan.wait, warmup=plan.warmup, active=plan.active, repeat=1)
     t0 = time.perf_counter()
-    with profile(activities=activities, schedule=sched, on_trace_ready=on_ready,
-                 record_shapes=plan.record_shapes, profile_memory=plan.profile_memory,
-                 with_stack=plan.with_stack, acc_events=False) as prof:
+    with profile(schedule=sched, on_trace_ready=on_ready, **profiler_options(plan)) as prof:
         for i in range(plan.steps):
             step_fn(i)
             prof.step()
