@@ -4,8 +4,11 @@
 // One pass over memory per call: the eager chain writes and re-reads every intermediate
 // (x + bias, gelu(x), silu(a)), these kernels read the inputs once and write the outputs once.
 // Rows run in parallel (at::parallel_for, OpenMP); inner loops work on fp32 chunks that fit in L1
-// (bf16/fp16 are widened on load and rounded to nearest-even on store) and vectorize through
-// `#pragma omp simd`: GELU uses an inline rational erf and an inline exp (common.h), SiLU libmvec expf.
+// (bf16/fp16 are widened on load and rounded to nearest-even on store). The chunk loops live in
+// activations_impl.h, compiled below once per instruction set (AVX-512, AVX2+FMA, the build's
+// baseline) and picked at run time (common.h cpu_isa, FUSIONLENS_CPU_ISA lowers it), so their
+// speed does not depend on -march=native. GELU (erf) uses an inline rational erf, GELU (tanh)
+// x * sigmoid(2u) with an inline exp (common.h), SiLU libmvec's expf.
 // Outputs are allocated by the caller (Python, `kernels.registry.new_output`) and passed in.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -29,14 +32,73 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 }
 #endif
 
-namespace {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_ACT_MULTI_ISA 1
+#else
+#define FL_ACT_MULTI_ISA 0
+#endif
 
-using fusionlens::exp_nonpos;
+namespace fl_act {
 
-constexpr int64_t kChunk = 1024;  // fp32 elements per L1 buffer
+enum Kind : int64_t { kSilu = 0, kGeluErf = 1, kGeluTanh = 2 };
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
+
+// One ISA copy's span loops (activations_impl.h) for one activation kind.
+struct Spans {
+  void (*act)(const float* x, const float* b, float* y, int64_t n);
+  void (*act_grad)(const float* g, const float* x, const float* b, float* gx, float* acc, int64_t n);
+  void (*glu)(const float* a, const float* b, float* y, int64_t n);
+  void (*glu_grad)(const float* g, const float* a, const float* b, float* ga, float* gb, int64_t n);
+};
+
+#if FL_ACT_MULTI_ISA
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
+namespace isa_avx512 {
+namespace {
+#include "activations_impl.h"
+}  // namespace
+}  // namespace isa_avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
+namespace isa_avx2 {
+namespace {
+#include "activations_impl.h"
+}  // namespace
+}  // namespace isa_avx2
+#pragma GCC pop_options
+#endif
+namespace isa_base {
+namespace {
+#include "activations_impl.h"
+}  // namespace
+}  // namespace isa_base
+
+// The span loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
+template <int64_t K>
+Spans spans_for() {
+#if FL_ACT_MULTI_ISA
+  switch (fusionlens::cpu_isa()) {
+    case fusionlens::CpuIsa::avx512: return isa_avx512::spans<K>();
+    case fusionlens::CpuIsa::avx2: return isa_avx2::spans<K>();
+    default: break;
+  }
+#endif
+  return isa_base::spans<K>();
+}
+
+}  // namespace fl_act
+
+namespace {
+
+using fl_act::kGeluErf;
+using fl_act::kGeluTanh;
+using fl_act::kSilu;
+
+constexpr int64_t kChunk = 1024;  // fp32 elements per L1 buffer
 
 // fp32 <-> storage dtype, a span at a time (vectorized bf16 bit ops / F16C), from common.h.
 template <typename T>
@@ -76,99 +138,6 @@ inline void map_chunks(const std::array<const T*, NI>& in, const std::array<T*, 
   }
 }
 
-inline uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-inline float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-// Integer select (all-ones mask picks a): vectorizes at any -march, unlike a float ?: under the
-// default -ftrapping-math.
-inline uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
-
-constexpr uint32_t kOneBits = 0x3f800000u;  // 1.0f
-constexpr uint32_t kErfSatBits = 0x40b504f3u;  // 4 sqrt(2) = 5.656854f: erf(x / sqrt 2) rounds to 1 beyond
-
-// erf(|x| / sqrt 2) for the GELU: a P(a^2) / Q(a^2) with a = min(|x|, 4 sqrt 2), a (6, 6)-term
-// rational minimax fit made for these kernels (|error| 4e-8 in exact arithmetic, ~3e-7 after
-// float rounding, like ATen's A&S 7.1.26 at 1.5e-7, which costs an exp and a division more).
-// Q >= 1. The result is clamped to <= 1 and is exactly 1 from 4 sqrt 2 on (+-inf and NaN
-// included), so GELU(-inf) = -inf + inf = NaN as in eager; a NaN x makes the GELU NaN through x.
-// Plain multiply-adds (contracted to FMA where the target has it) and integer clamps only.
-inline float erf_abs_scaled(float x) {
-  const uint32_t ab = bits_of(x) & 0x7fffffffu;
-  const uint32_t sat = 0u - static_cast<uint32_t>(ab >= kErfSatBits);
-  const float a = float_of(ab < kErfSatBits ? ab : kErfSatBits);
-  const float a2 = a * a;
-  float p = 4.533083400e-08f;
-  p = p * a2 + 1.260004006e-05f;
-  p = p * a2 + 3.319819656e-04f;
-  p = p * a2 + 9.313984517e-03f;
-  p = p * a2 + 6.720817696e-02f;
-  p = p * a2 + 7.978844278e-01f;
-  float q = 1.191676001e-06f;
-  q = q * a2 + 7.261164011e-05f;
-  q = q * a2 + 1.867185030e-03f;
-  q = q * a2 + 2.849126954e-02f;
-  q = q * a2 + 2.508987347e-01f;
-  q = q * a2 + 1.0f;
-  const uint32_t rb = bits_of(a * p / q);
-  return float_of(select_bits(sat, kOneBits, rb < kOneBits ? rb : kOneBits));
-}
-
-// sigmoid(z) = 1 / (1 + exp(-z)) with the inline exp of a non-positive argument: e = exp(-|z|),
-// then 1 / (1 + e) for z >= 0 or e / (1 + e) (picked by the sign bit). No overflow;
-// sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN.
-inline float sigmoid(float z) {
-  const uint32_t zb = bits_of(z);
-  const float e = exp_nonpos(-float_of(zb & 0x7fffffffu));
-  const uint32_t neg = 0u - (zb >> 31);
-  return float_of(select_bits(neg, bits_of(e), kOneBits)) / (1.0f + e);
-}
-
-// ---- the activations, in fp32 (same algebra as ATen, so NaN/Inf land where eager's do) ------
-enum Kind : int64_t { kSilu = 0, kGeluErf = 1, kGeluTanh = 2 };
-
-// GELU (erf) = x (1 + erf(x / sqrt 2)) / 2 = (x + |x| erf(|x| / sqrt 2)) / 2.
-// GELU (tanh) is x * sigmoid(2u): 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
-// this form has no 1 + tanh cancellation for negative x and needs one exp.
-template <int64_t K>
-inline float act(float x) {
-  if constexpr (K == kSilu) {
-    return x / (1.0f + expf(-x));
-  } else if constexpr (K == kGeluErf) {
-    return 0.5f * (x + std::fabs(x) * erf_abs_scaled(x));
-  } else {
-    return x * sigmoid(2.0f * kBeta * (kKappa * x * (x * x) + x));
-  }
-}
-
-// act(x) and act'(x) together (shared transcendental).
-template <int64_t K>
-inline void act_and_grad(float x, float& y, float& dy) {
-  if constexpr (K == kSilu) {
-    float s = 1.0f / (1.0f + expf(-x));
-    y = x * s;
-    dy = s * (1.0f + x * (1.0f - s));
-  } else if constexpr (K == kGeluErf) {
-    const float cdf = 0.5f + 0.5f * std::copysign(erf_abs_scaled(x), x);
-    y = x * cdf;
-    dy = cdf + x * kInvSqrt2Pi * exp_nonpos(-0.5f * x * x);
-  } else {
-    // d/dx x s(2u) = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-    const float x2 = x * x;
-    const float s = sigmoid(2.0f * kBeta * (kKappa * x * x2 + x));
-    y = x * s;
-    dy = s + 2.0f * x * s * (1.0f - s) * kBeta * (3.0f * kKappa * x2 + 1.0f);
-  }
-}
-
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtype mismatch");
   TORCH_CHECK(a.sizes() == b.sizes(), what, ": shape mismatch");
@@ -181,13 +150,11 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t numel = x.numel();
+  const fl_act::Spans sp = fl_act::spans_for<K>();
   if (!bias.has_value()) {
     at::parallel_for(0, numel, 16 * kChunk, [&](int64_t b, int64_t e) {
       map_chunks<T, 1, 1>({xp + b}, {op + b}, e - b, [&](auto& in, auto& o, int64_t len, int64_t) {
-        const float* xi = in[0];
-        float* yo = o[0];
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) yo[i] = act<K>(xi[i]);
+        sp.act(in[0], nullptr, o[0], len);
       });
     });
     return;
@@ -199,11 +166,7 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
   at::parallel_for(0, rows, std::max<int64_t>(1, 16 * kChunk / n), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       map_chunks<T, 1, 1>({xp + r * n}, {op + r * n}, n, [&](auto& in, auto& o, int64_t len, int64_t s) {
-        const float* xi = in[0];
-        const float* bi = bp + s;
-        float* yo = o[0];
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) yo[i] = act<K>(xi[i] + bi[i]);
+        sp.act(in[0], bp + s, o[0], len);
       });
     }
   });
@@ -218,18 +181,11 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
   const T* xp = x.data_ptr<T>();
   T* gxp = grad_x.data_ptr<T>();
   const int64_t numel = x.numel();
+  const fl_act::Spans sp = fl_act::spans_for<K>();
   if (!bias.has_value()) {
     at::parallel_for(0, numel, 16 * kChunk, [&](int64_t b, int64_t e) {
       map_chunks<T, 2, 1>({gp + b, xp + b}, {gxp + b}, e - b, [&](auto& in, auto& o, int64_t len, int64_t) {
-        const float* g = in[0];
-        const float* xi = in[1];
-        float* gx = o[0];
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) {
-          float y, dy;
-          act_and_grad<K>(xi[i], y, dy);
-          gx[i] = g[i] * dy;
-        }
+        sp.act_grad(in[0], in[1], nullptr, o[0], nullptr, len);
       });
     });
     return;
@@ -245,21 +201,7 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
     for (int64_t r = b; r < e; ++r) {
       map_chunks<T, 2, 1>({gp + r * n, xp + r * n}, {gxp + r * n}, n,
                           [&](auto& in, auto& o, int64_t len, int64_t s) {
-        const float* g = in[0];
-        const float* xi = in[1];
-        const float* bi = bp + s;
-        float* gx = o[0];
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) {
-          float y, dy;
-          act_and_grad<K>(xi[i] + bi[i], y, dy);
-          gx[i] = g[i] * dy;
-        }
-        if (acc != nullptr) {
-          float* a = acc + s;
-#pragma omp simd
-          for (int64_t i = 0; i < len; ++i) a[i] += gx[i];  // fp32, before rounding to T
-        }
+        sp.act_grad(in[0], in[1], bp + s, o[0], acc != nullptr ? acc + s : nullptr, len);
       });
     }
   });
@@ -279,13 +221,10 @@ void glu_fwd_impl(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const T* ap = a.data_ptr<T>();
   const T* bp = b.data_ptr<T>();
   T* op = out.data_ptr<T>();
+  const fl_act::Spans sp = fl_act::spans_for<K>();
   at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
     map_chunks<T, 2, 1>({ap + s0, bp + s0}, {op + s0}, e0 - s0, [&](auto& in, auto& o, int64_t len, int64_t) {
-      const float* av = in[0];
-      const float* bv = in[1];
-      float* y = o[0];
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) y[i] = act<K>(av[i]) * bv[i];
+      sp.glu(in[0], in[1], o[0], len);
     });
   });
 }
@@ -299,21 +238,11 @@ void glu_bwd_impl(const at::Tensor& grad, const at::Tensor& a, const at::Tensor&
   const T* bp = b.data_ptr<T>();
   T* gap = grad_a.data_ptr<T>();
   T* gbp = grad_b.data_ptr<T>();
+  const fl_act::Spans sp = fl_act::spans_for<K>();
   at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
     map_chunks<T, 3, 2>({gp + s0, ap + s0, bp + s0}, {gap + s0, gbp + s0}, e0 - s0,
                         [&](auto& in, auto& o, int64_t len, int64_t) {
-      const float* g = in[0];
-      const float* av = in[1];
-      const float* bv = in[2];
-      float* ga = o[0];
-      float* gb = o[1];
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) {
-        float y, dy;
-        act_and_grad<K>(av[i], y, dy);
-        ga[i] = g[i] * bv[i] * dy;
-        gb[i] = g[i] * y;
-      }
+      sp.glu_grad(in[0], in[1], in[2], o[0], o[1], len);
     });
   });
 }
@@ -391,9 +320,13 @@ void glu_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, a
   });
 }
 
+// Which ISA copy the activation kernels run now ("avx512", "avx2" or "base").
+std::string activations_isa() { return fusionlens::cpu_isa_name(fusionlens::cpu_isa()); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
+  m.def("activations_isa() -> str", &activations_isa);
   m.def("act_fwd(Tensor x, Tensor? bias, Tensor(a!) out, int kind) -> ()");
   m.def("act_bwd(Tensor grad, Tensor x, Tensor? bias, Tensor(a!) grad_x, Tensor(b!)? grad_bias, int kind) -> ()");
   m.def("glu_fwd(Tensor a, Tensor b, Tensor(a!) out, int kind) -> ()");

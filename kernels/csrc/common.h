@@ -176,6 +176,40 @@ inline float exp_nonpos(float x_in) {
   return out;
 }
 
+// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (activations.cpp,
+// softmax.cpp): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
+// (read per call, so tests can run every copy); never above what the CPU has.
+enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2 };
+
+inline CpuIsa cpu_isa() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const CpuIsa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
+      return CpuIsa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
+      return CpuIsa::avx2;
+    return CpuIsa::base;
+  }();
+  CpuIsa want = best;
+  if (const char* env = std::getenv("FUSIONLENS_CPU_ISA")) {
+    if (!std::strcmp(env, "base")) want = CpuIsa::base;
+    else if (!std::strcmp(env, "avx2")) want = CpuIsa::avx2;
+    else if (!std::strcmp(env, "avx512")) want = CpuIsa::avx512;
+    else TORCH_CHECK(!*env, "FUSIONLENS_CPU_ISA must be avx512, avx2 or base, got '", env, "'");
+  }
+  return static_cast<int>(want) < static_cast<int>(best) ? want : best;
+#else
+  return CpuIsa::base;
+#endif
+}
+
+inline const char* cpu_isa_name(CpuIsa isa) {
+  return isa == CpuIsa::avx512 ? "avx512" : isa == CpuIsa::avx2 ? "avx2" : "base";
+}
+
 // Outputs larger than 16 MiB are written with non-temporal stores: they would not stay in cache
 // anyway, and streaming skips the read-for-ownership of every destination line (a third of the
 // traffic of a read-x/write-y kernel). FUSIONLENS_CPU_STREAM_BYTES overrides the threshold

@@ -70,6 +70,27 @@ def test_gelu_of_inf_follows_the_float64_truth() -> None:
     assert y[0] == float("inf") and torch.isnan(y[1]) and torch.isclose(y[2], F.gelu(x[2:]))[0]
 
 
+# Shapes that hit the 16/8/4-wide vector loops and their scalar tails (83 = 5*16 + 3), several
+# 1024-element chunks with a ragged last one (4117), and the bias path's row loop.
+ISA_SHAPES = ((9, 83), (5, 4117))
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "base"])
+def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> None:
+    """activations.cpp compiles its loops once per instruction set, picked at run time;
+    FUSIONLENS_CPU_ISA lowers the pick, so every copy this CPU can run is checked here."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+    kernels.gelu(torch.zeros(1), provider="cpu")  # builds/loads the extension
+    order = ["base", "avx2", "avx512"]
+    assert order.index(torch.ops.fusionlens.activations_isa()) <= order.index(isa)
+    for case in sorted(CASES):
+        for dtype in (torch.float32, torch.bfloat16):
+            for shape in ISA_SHAPES:
+                check(case, "cpu", inputs(case, shape, dtype), dtype)
+    args = inputs("gelu", (4, 37), torch.float32)
+    check("gelu", "cpu", [with_nonfinite(args[0])], torch.float32)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0)], ids=str)
 def test_zero_size(case: str, shape) -> None:

@@ -1,0 +1,163 @@
+// The fp32 span loops of kernels/csrc/activations.cpp, included there once per instruction set
+// (AVX-512, AVX2+FMA, the build's baseline) inside `#pragma GCC target` and a namespace of its
+// own, so the same source vectorizes at full width on any x86-64 without -march=native.
+// No include guard: included several times on purpose. Needs common.h (exp_nonpos), and the
+// Kind codes and constants declared by activations.cpp before the includes.
+//
+// Every loop is an `omp simd` loop over plain pointers with no float `?:` (selects are done on
+// integer bits), no std::fma and no library call but libmvec's expf, so GCC vectorizes it at
+// any -march without -ffast-math.
+
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+inline float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Integer select (all-ones mask picks a): vectorizes at any -march, unlike a float ?: under the
+// default -ftrapping-math.
+inline uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+
+constexpr uint32_t kOneBits = 0x3f800000u;  // 1.0f
+constexpr uint32_t kErfSatBits = 0x40b504f3u;  // 4 sqrt(2) = 5.656854f: erf(x / sqrt 2) rounds to 1 beyond
+
+// erf(|x| / sqrt 2) for the GELU: a P(a^2) / Q(a^2) with a = min(|x|, 4 sqrt 2), a (6, 6)-term
+// rational minimax fit made for these kernels (|error| 4e-8 in exact arithmetic, ~3e-7 after
+// float rounding, like ATen's A&S 7.1.26 at 1.5e-7, which costs an exp and a division more).
+// Q >= 1. The result is clamped to <= 1 and is exactly 1 from 4 sqrt 2 on (+-inf and NaN
+// included), so GELU(-inf) = -inf + inf = NaN as in eager; a NaN x makes the GELU NaN through x.
+// Plain multiply-adds (contracted to FMA where the target has it) and integer clamps only.
+inline float erf_abs_scaled(float x) {
+  const uint32_t ab = bits_of(x) & 0x7fffffffu;
+  const uint32_t sat = 0u - static_cast<uint32_t>(ab >= kErfSatBits);
+  const float a = float_of(ab < kErfSatBits ? ab : kErfSatBits);
+  const float a2 = a * a;
+  float p = 4.533083400e-08f;
+  p = p * a2 + 1.260004006e-05f;
+  p = p * a2 + 3.319819656e-04f;
+  p = p * a2 + 9.313984517e-03f;
+  p = p * a2 + 6.720817696e-02f;
+  p = p * a2 + 7.978844278e-01f;
+  float q = 1.191676001e-06f;
+  q = q * a2 + 7.261164011e-05f;
+  q = q * a2 + 1.867185030e-03f;
+  q = q * a2 + 2.849126954e-02f;
+  q = q * a2 + 2.508987347e-01f;
+  q = q * a2 + 1.0f;
+  const uint32_t rb = bits_of(a * p / q);
+  return float_of(select_bits(sat, kOneBits, rb < kOneBits ? rb : kOneBits));
+}
+
+// sigmoid(z) = 1 / (1 + exp(-z)) with the inline exp of a non-positive argument: e = exp(-|z|),
+// then 1 / (1 + e) for z >= 0 or e / (1 + e) (picked by the sign bit). No overflow;
+// sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN.
+inline float sigmoid(float z) {
+  const uint32_t zb = bits_of(z);
+  const float e = fusionlens::exp_nonpos(-float_of(zb & 0x7fffffffu));
+  const uint32_t neg = 0u - (zb >> 31);
+  return float_of(select_bits(neg, bits_of(e), kOneBits)) / (1.0f + e);
+}
+
+// ---- the activations, in fp32 ------------------------------------------------------------------
+// GELU (erf) = x (1 + erf(x / sqrt 2)) / 2 = (x + |x| erf(|x| / sqrt 2)) / 2.
+// GELU (tanh) is x * sigmoid(2u): 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
+// this form has no 1 + tanh cancellation for negative x and needs one exp.
+template <int64_t K>
+inline float act(float x) {
+  if constexpr (K == kSilu) {
+    return x / (1.0f + expf(-x));
+  } else if constexpr (K == kGeluErf) {
+    return 0.5f * (x + std::fabs(x) * erf_abs_scaled(x));
+  } else {
+    return x * sigmoid(2.0f * kBeta * (kKappa * x * (x * x) + x));
+  }
+}
+
+// act(x) and act'(x) together (shared transcendental).
+template <int64_t K>
+inline void act_and_grad(float x, float& y, float& dy) {
+  if constexpr (K == kSilu) {
+    float s = 1.0f / (1.0f + expf(-x));
+    y = x * s;
+    dy = s * (1.0f + x * (1.0f - s));
+  } else if constexpr (K == kGeluErf) {
+    const float cdf = 0.5f + 0.5f * std::copysign(erf_abs_scaled(x), x);
+    y = x * cdf;
+    dy = cdf + x * kInvSqrt2Pi * fusionlens::exp_nonpos(-0.5f * x * x);
+  } else {
+    // d/dx x s(2u) = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    const float x2 = x * x;
+    const float s = sigmoid(2.0f * kBeta * (kKappa * x * x2 + x));
+    y = x * s;
+    dy = s + 2.0f * x * s * (1.0f - s) * kBeta * (3.0f * kKappa * x2 + 1.0f);
+  }
+}
+
+// ---- spans: what one chunk of work does (pointers to fp32 data, n elements) -------------------
+// y = act(x [+ b])
+template <int64_t K>
+void act_span(const float* __restrict x, const float* __restrict b, float* __restrict y, int64_t n) {
+  if (b == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = act<K>(x[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = act<K>(x[i] + b[i]);
+  }
+}
+
+// gx = g * act'(x [+ b]); acc += gx when acc is given (the bias gradient's fp32 partial row)
+template <int64_t K>
+void act_grad_span(const float* __restrict g, const float* __restrict x, const float* __restrict b,
+                   float* __restrict gx, float* __restrict acc, int64_t n) {
+  if (b == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      float y, dy;
+      act_and_grad<K>(x[i], y, dy);
+      gx[i] = g[i] * dy;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      float y, dy;
+      act_and_grad<K>(x[i] + b[i], y, dy);
+      gx[i] = g[i] * dy;
+    }
+  }
+  if (acc != nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) acc[i] += gx[i];  // fp32, before rounding to the storage type
+  }
+}
+
+// y = act(a) * b
+template <int64_t K>
+void glu_span(const float* __restrict a, const float* __restrict b, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = act<K>(a[i]) * b[i];
+}
+
+// ga = g * b * act'(a), gb = g * act(a)
+template <int64_t K>
+void glu_grad_span(const float* __restrict g, const float* __restrict a, const float* __restrict b,
+                   float* __restrict ga, float* __restrict gb, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float y, dy;
+    act_and_grad<K>(a[i], y, dy);
+    ga[i] = g[i] * b[i] * dy;
+    gb[i] = g[i] * y;
+  }
+}
+
+template <int64_t K>
+Spans spans() {
+  return {&act_span<K>, &act_grad_span<K>, &glu_span<K>, &glu_grad_span<K>};
+}
