@@ -6,7 +6,9 @@
 // Eager runs up to four passes (mul, add, masked_fill, softmax), each writing a full-size
 // intermediate; this reads x (and the mask) once and writes the output once. One row per task
 // (at::parallel_for, OpenMP), fp32 math in an L1/L2-resident row buffer, `omp simd` loops with
-// an inline polynomial exp. Semantics follow eager exactly where it matters: a row whose every
+// an inline polynomial exp. The row loops live in softmax_impl.h, compiled once per instruction
+// set (AVX-512, AVX2+FMA, the build's baseline) and picked at run time (common.h cpu_isa;
+// FUSIONLENS_CPU_ISA lowers it), so their speed does not depend on -march=native. Semantics follow eager exactly where it matters: a row whose every
 // element is -inf (fully masked) gives NaN, NaN/+Inf in a row make the row NaN; causal-masked
 // positions get 0 (NaN if the row is NaN) and a zero gradient (as masked_fill's backward gives).
 #include <torch/extension.h>
@@ -23,75 +25,68 @@
 
 
 
-namespace {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_SOFTMAX_MULTI_ISA 1
+#else
+#define FL_SOFTMAX_MULTI_ISA 0
+#endif
 
-using fusionlens::exp_nonpos;
+namespace fl_softmax {
+
+// One ISA copy's row loops (softmax_impl.h).
+struct RowOps {
+  float (*logit_max)(const float* x, const float* mr, int64_t n, float sc);
+  float (*exp_sum)(const float* x, float* s, const float* mr, int64_t n, float sc, float m);
+  void (*mul_inplace)(float* s, int64_t n, float c);
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*grad_row)(const float* g, const float* y, float* out, int64_t n, float sc, float d);
+};
+
+#if FL_SOFTMAX_MULTI_ISA
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
+namespace isa_avx512 {
+namespace {
+#include "softmax_impl.h"
+}  // namespace
+}  // namespace isa_avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
+namespace isa_avx2 {
+namespace {
+#include "softmax_impl.h"
+}  // namespace
+}  // namespace isa_avx2
+#pragma GCC pop_options
+#endif
+namespace isa_base {
+namespace {
+#include "softmax_impl.h"
+}  // namespace
+}  // namespace isa_base
+
+// The row loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
+RowOps row_ops_for() {
+#if FL_SOFTMAX_MULTI_ISA
+  switch (fusionlens::cpu_isa()) {
+    case fusionlens::CpuIsa::avx512: return isa_avx512::row_ops();
+    case fusionlens::CpuIsa::avx2: return isa_avx2::row_ops();
+    default: break;
+  }
+#endif
+  return isa_base::row_ops();
+}
+
+}  // namespace fl_softmax
+
+namespace {
 
 // fp32 <-> storage dtype, a span at a time (vectorized bf16 bit ops / F16C), from common.h.
 template <typename T>
 inline void load_f(const T* src, float* dst, int64_t n) { fusionlens::to_float<T>(src, dst, n); }
 template <typename T>
 inline void store_f(const float* src, T* dst, int64_t n) { fusionlens::from_float<T>(src, dst, n); }
-
-// ---- row primitives on fp32 (plain pointer loops: what the vectorizer handles best) --------
-// max(x * sc (+ mr)): a read-only pass (the output is first written by exp_sum, as ATen does).
-inline float logit_max(const float* __restrict x, const float* __restrict mr, int64_t n, float sc) {
-  float m = -std::numeric_limits<float>::infinity();
-  if (mr != nullptr) {
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; ++j) {
-      float v = x[j] * sc + mr[j];
-      m = v > m ? v : m;
-    }
-  } else {
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; ++j) {
-      float v = x[j] * sc;
-      m = v > m ? v : m;
-    }
-  }
-  return m;
-}
-
-// s = exp(x * sc (+ mr) - m); returns sum(s). x may be s itself.
-inline float exp_sum(const float* x, float* s, const float* __restrict mr, int64_t n, float sc, float m) {
-  float sum = 0.0f;
-  if (mr != nullptr) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      float v = exp_nonpos(x[j] * sc + mr[j] - m);
-      s[j] = v;
-      sum += v;
-    }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      float v = exp_nonpos(x[j] * sc - m);
-      s[j] = v;
-      sum += v;
-    }
-  }
-  return sum;
-}
-
-inline void mul_inplace(float* __restrict s, int64_t n, float c) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) s[j] *= c;
-}
-
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
-  float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t j = 0; j < n; ++j) acc += a[j] * b[j];
-  return acc;
-}
-
-// out = sc * y * (g - d); out may alias g (same index read before written).
-inline void softmax_grad_row(const float* g, const float* __restrict y, float* out, int64_t n,
-                             float sc, float d) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) out[j] = sc * y[j] * (g[j] - d);
-}
 
 // Where row r's mask values start: r is decomposed into x's leading indices, each times the
 // (expanded, possibly zero) mask stride of that dim.
@@ -129,8 +124,9 @@ void fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& mask, at::Te
       mi.strides.push_back(mask->stride(d));
     }
   }
+  const fl_softmax::RowOps ops = fl_softmax::row_ops_for();
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t b, int64_t e) {
-    const float sc = scale;  // a local copy: loads through the capture would block vectorization
+    const float sc = scale;
     std::vector<float> rowbuf(std::is_same_v<T, float> ? 0 : n);
     std::vector<float> mbuf(mp != nullptr && !std::is_same_v<M, float> ? n : 0);
     for (int64_t r = b; r < e; ++r) {
@@ -155,13 +151,13 @@ void fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& mask, at::Te
           mr = mbuf.data();
         }
       }
-      const float m = logit_max(xf, mr, lim, sc);
-      const float sum = lim == 0 ? 0.0f : exp_sum(xf, s, mr, lim, sc, m);  // lim 0: 0/0 = NaN, like eager
+      const float m = ops.logit_max(xf, mr, lim, sc);
+      const float sum = lim == 0 ? 0.0f : ops.exp_sum(xf, s, mr, lim, sc, m);  // lim 0: 0/0 = NaN, like eager
       const float inv = 1.0f / sum;
       if (lim == 0) {
         for (int64_t j = 0; j < n; ++j) s[j] = std::numeric_limits<float>::quiet_NaN();
       } else {
-        mul_inplace(s, lim, inv);
+        ops.mul_inplace(s, lim, inv);
         // hidden keys: exp(-inf - max) / sum is 0, or NaN when the row's sum is NaN (a NaN or
         // +Inf logit), exactly as eager's masked_fill + softmax gives
         const float hidden = std::isnan(inv) ? inv : 0.0f;
@@ -180,6 +176,7 @@ void bwd_impl(const at::Tensor& grad, const at::Tensor& y, at::Tensor& gx, float
   const T* gp = grad.data_ptr<T>();
   const T* yp = y.data_ptr<T>();
   T* gxp = gx.data_ptr<T>();
+  const fl_softmax::RowOps ops = fl_softmax::row_ops_for();
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t b, int64_t e) {
     const float sc = scale;
     std::vector<float> gbuf(std::is_same_v<T, float> ? 0 : n), ybuf(std::is_same_v<T, float> ? 0 : n);
@@ -199,7 +196,7 @@ void bwd_impl(const at::Tensor& grad, const at::Tensor& y, at::Tensor& gx, float
         yy = ybuf.data();
         out = gbuf.data();  // in place: g[j] is read before out[j] is written
       }
-      softmax_grad_row(g, yy, out, lim, sc, dot(g, yy, lim));
+      ops.grad_row(g, yy, out, lim, sc, ops.dot(g, yy, lim));
       for (int64_t j = lim; j < n; ++j) out[j] = 0.0f;
       if constexpr (!std::is_same_v<T, float>) store_f(out, gxp + r * n, n);
     }
@@ -245,9 +242,13 @@ void softmax_bwd(const at::Tensor& grad, const at::Tensor& y, at::Tensor grad_x,
   });
 }
 
+// Which ISA copy the softmax kernels run now ("avx512", "avx2" or "base").
+std::string softmax_isa() { return fusionlens::cpu_isa_name(fusionlens::cpu_isa()); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
+  m.def("softmax_isa() -> str", &softmax_isa);
   m.def("softmax_fwd(Tensor x, Tensor? mask, Tensor(a!) out, float scale, bool causal) -> ()");
   m.def("softmax_bwd(Tensor grad, Tensor y, Tensor(a!) grad_x, float scale, bool causal) -> ()");
 }

@@ -107,6 +107,21 @@ def test_nan_inf_propagate_like_reference() -> None:
     check("cpu", [x], torch.float32, causal=True)
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "base"])
+def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> None:
+    """softmax.cpp compiles its row loops once per instruction set, picked at run time;
+    FUSIONLENS_CPU_ISA lowers the pick, so every copy this CPU can run is checked here
+    (rows of 83 = 5*16 + 3 and 4117 hit the vector loops and their scalar tails)."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+    kernels.softmax(torch.zeros(1), provider="cpu")  # builds/loads the extension
+    order = ["base", "avx2", "avx512"]
+    assert order.index(torch.ops.fusionlens.softmax_isa()) <= order.index(isa)
+    for dtype in (torch.float32, torch.bfloat16):
+        check("cpu", [make((9, 83), dtype, seed=1, scale=3.0)], dtype, scale=0.5)
+        check("cpu", [make((2, 3, 2, 4117), dtype, seed=2, scale=3.0), padding_mask(2, 4117, dtype)], dtype)
+        check("cpu", [make((2, 7, 83), dtype, seed=3)], dtype, causal=True)
+
+
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0), (2, 0, 4)], ids=str)
 def test_zero_size(shape) -> None:
     check("cpu", [make(shape, torch.float32, seed=1)], torch.float32)
