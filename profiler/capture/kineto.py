@@ -45,19 +45,24 @@ def _load_trace() -> Callable:
     return load_trace
 
 
+def external_correlation(plan: CapturePlan) -> bool:
+    """Whether Kineto tags ops with External ids: only where there is device activity to link."""
+    return plan.is_cuda
+
+
 def profiler_options(plan: CapturePlan) -> dict[str, Any]:
     """Keyword arguments for `torch.profiler.profile` (no schedule) that capture `plan`.
 
     Only what the plan asks for is on: no `with_modules`/`with_flops` (FLOPs and shapes come from
-    the untimed cost pass). On CPU, external correlation is off: it pushes and pops an id around
-    every op (measured ~0.05 of Kineto's ~0.35 us per op, bench_capture.py --perop) and only links
-    ops to GPU activity, which a CPU trace does not have. On CUDA it stays on: the FLOPs join and
-    kernel attribution read the kernels' External id.
+    the untimed cost pass). On CPU, external correlation is off: it pushes and pops each op's id on
+    Kineto's device-correlation stack (~0.02 of Kineto's ~0.3 us per op, bench_capture.py) only
+    to tag GPU activity, which a CPU trace has none of; ops keep their own External id. On CUDA it
+    stays on: the FLOPs join and kernel attribution read the kernels' External id.
     """
     return dict(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plan.is_cuda else []),
                 record_shapes=plan.record_shapes, profile_memory=plan.profile_memory,
                 with_stack=plan.with_stack, with_modules=False, with_flops=False, acc_events=False,
-                experimental_config=_ExperimentalConfig(disable_external_correlation=not plan.is_cuda))
+                experimental_config=_ExperimentalConfig(disable_external_correlation=not external_correlation(plan)))
 
 
 @register_backend("kineto")
