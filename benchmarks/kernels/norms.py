@@ -4,7 +4,9 @@ Per kernel (layer_norm, rms_norm, add_rms_norm), shape (tokens 4096 x hidden 768
 (FL_BENCH_DTYPES, default "float32"; e.g. "float32,bfloat16") and pass (fwd under no_grad,
 fwd+bwd with torch.autograd.grad so no gradient accumulation is timed), the variants are:
 naive (the eager reference composition, which is what HF-style code runs), aten (F.layer_norm /
-F.rms_norm), ours (provider="cpu"), and torch.compile of the reference (added by the driver).
+F.rms_norm), ours (provider="cpu"), ours_prealloc (the same C++ ops called directly with outputs
+allocated once: the kernel's own speed, without Python dispatch and without first-touch page
+faults of fresh outputs) and torch.compile of the reference (added by the driver).
 FL_BENCH_QUICK=1 uses 1024 x 768 only. `gpu_cases` / `gpu_checks` serve the GPU check (Triton
 provider at 16384 x 4096, plus Liger-Kernel and apex when importable).
 """
@@ -80,6 +82,43 @@ def _third_party(kernel: str, n: int) -> dict:
     return found
 
 
+def _prealloc(kernel: str, t: dict, eps: float, backward: bool):
+    """One call of our C++ ops on outputs allocated once (fwd, or fwd + bwd with dy as every grad)."""
+    from kernels.norm_function import _cpu_ops
+
+    ops = _cpu_ops()
+    x, r, dy = t["x"], t["r"], t["dy"]
+    m, n = x.shape
+    w32, b32 = t["w"].float().contiguous(), t["b"].float().contiguous()
+    y, s, dx = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    mean, rstd, dw, db = (torch.empty(k, dtype=torch.float32) for k in (m, m, n, n))
+    none = x.new_empty(0)
+
+    if kernel == "layer_norm":
+        def fwd():
+            ops.layer_norm_fwd(x, None, w32, b32, eps, y, none, mean, rstd)
+
+        def bwd():
+            ops.layer_norm_bwd(dy, x, w32, mean, rstd, None, dx, dw, db)
+    elif kernel == "rms_norm":
+        def fwd():
+            ops.rms_norm_fwd(x, None, w32, eps, True, y, none, rstd)
+
+        def bwd():
+            ops.rms_norm_bwd(dy, x, w32, rstd, None, True, dx, dw)
+    else:  # add_rms_norm: the sum's gradient is dy too
+        def fwd():
+            ops.rms_norm_fwd(x, r, w32, eps, True, y, s, rstd)
+
+        def bwd():
+            ops.rms_norm_bwd(dy, s, w32, rstd, dy, True, dx, dw)
+
+    def both():
+        fwd()
+        bwd()
+    return both if backward else fwd
+
+
 def _step(fn, args: list, eps: float, backward: bool, dy: torch.Tensor):
     """One timed call: forward under no_grad, or forward + autograd.grad of every input."""
     if not backward:
@@ -107,6 +146,8 @@ def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool, devic
     bytes_moved = cost.bytes_fused + ((2 + n_in) * e * size if backward else 0)
     fns = {"naive": naive, "aten": aten, **(_third_party(kernel, n) if device == "cuda" else {}), "ours": ours}
     variants = {name: _step(fn, args, eps, backward, t["dy"]) for name, fn in fns.items()}
+    if device == "cpu" and provider == "cpu":
+        variants["ours_prealloc"] = _prealloc(kernel, t, eps, backward)
     return {
         "kernel": kernel, "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
         "dtype": str(dtype).replace("torch.", ""), "variants": variants,

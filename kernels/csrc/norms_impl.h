@@ -25,10 +25,13 @@ inline vf ld(const float* p) {
   return v;
 }
 
+// Lanes summed as a tree (log2(kW) dependent adds, in a fixed order) even without -ffast-math.
 inline float hsum(vf v) {
-  float s = 0.f;
-  for (int k = 0; k < kW; ++k) s += v[k];
-  return s;
+  float t[kW];
+  std::memcpy(t, &v, sizeof(v));
+  for (int h = kW / 2; h > 0; h /= 2)
+    for (int k = 0; k < h; ++k) t[k] += t[k + h];
+  return t[0];
 }
 
 // sum(x)
