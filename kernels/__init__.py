@@ -2,7 +2,8 @@
 
 Public API (stable names; each function takes an optional `provider=` keyword):
 layer_norm, rms_norm, add_layer_norm, add_rms_norm, bias_gelu, gelu, swiglu, geglu, softmax,
-rope, cross_entropy, fused_linear_cross_entropy, AdamW, LAMB, KERNELS, available_providers.
+rope, cross_entropy, fused_linear_cross_entropy, AdamW, LAMB, KERNELS, available_providers,
+provider_choice (which provider a call gets, chosen by measurement: see kernels/tuning.py).
 
 Importing the package imports every kernel family module (they import only torch and the
 registry) but compiles nothing and queries no device: the C++ extension is built on the first
@@ -19,13 +20,14 @@ from kernels.softmax import softmax
 from kernels.rope import rope
 from kernels.cross_entropy import cross_entropy, fused_linear_cross_entropy
 from kernels.optim import LAMB, AdamW
+from kernels.tuning import provider_choice
 
 FAMILIES: tuple[str, ...] = ("kernels.norms", "kernels.activations", "kernels.softmax",
                              "kernels.rope", "kernels.cross_entropy", "kernels.optim")
 
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "gelu",
            "swiglu", "geglu", "softmax", "rope", "cross_entropy", "fused_linear_cross_entropy",
-           "AdamW", "LAMB", "KERNELS", "available_providers", "load_all"]
+           "AdamW", "LAMB", "KERNELS", "available_providers", "provider_choice", "load_all"]
 
 
 def load_all() -> dict:

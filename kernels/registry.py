@@ -6,9 +6,18 @@ A kernel has a `reference` composed from eager PyTorch ops (the truth for tests)
 checks) and `cost` (FLOPs and bytes of the fused kernel vs. the unfused chain: the same numbers
 the roofline and the advisor read).
 
-Provider choice is automatic (first available provider in `PROVIDER_ORDER` for the tensor's
-device that supports it) and can be overridden with `provider=`. An unavailable provider keeps its
-reason as a value (`provider_status()`), so the UI can show why it was skipped.
+Provider choice is automatic and can be overridden with `provider=` (an explicit provider always
+wins, or raises with its reason). The automatic choice of `dispatch` is made by measurement
+(`kernels/tuning.py`, docs/kernels.md): on the first call of a kernel for a new key (kernel,
+device, dtypes, size bucket, mode arguments, threads, grad or not) every provider that can run
+the call is timed on the call's own arguments and the fastest is kept, in memory and in
+`<data dir>/tuning/provider_choice.json`; ties within 5% go to the earlier provider in
+`PROVIDER_ORDER`. `FUSIONLENS_PROVIDER_CHOICE=order` makes it the first runnable provider in
+`PROVIDER_ORDER` for the tensor's device, which is also what `select_provider` returns unless
+asked `by_measurement=True` (the optimizers, which pass a representative tensor rather than the
+call, stay on the order). `kernels.provider_choice(name, *args, **kwargs)` reports the choice,
+the measured times and why each other provider was skipped. An unavailable provider keeps its
+reason as a value (`available_providers()`, `why_not`), so the UI can show why it was skipped.
 
 This package imports nothing from `profiler` or `fusion_advisor`.
 """
@@ -62,6 +71,9 @@ class KernelSpec:
     description: str = ""
     # Per-provider extra support checks: provider -> fn(*args, **kwargs) -> reason | None.
     provider_checks: Mapping[str, Callable[..., str | None]] = field(default_factory=dict)
+    # Optional key of measured provider choice: fn(*args, **kwargs) -> str naming the size bucket
+    # and the mode arguments that change the algorithm (None: `tuning.default_key`).
+    tune_key: Callable[..., str] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -201,18 +213,46 @@ def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapp
     return None
 
 
+def runnable_providers(spec: KernelSpec, args: tuple[Any, ...],
+                       kwargs: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """([providers that can run this call, in PROVIDER_ORDER], {other provider: reason}).
+
+    Providers the kernel does not have are not listed; "reference" always runs, so the list is
+    never empty.
+    """
+    runnable: list[str] = []
+    skipped: dict[str, str] = {}
+    for p in PROVIDER_ORDER.get(_device_type(args), ("reference",)):
+        if p != "reference" and p not in spec.providers:
+            continue
+        reason = why_not(spec, p, args, kwargs)
+        if reason is None:
+            runnable.append(p)
+        else:
+            skipped[p] = reason
+    return runnable, skipped
+
+
 def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
-                    provider: str | None = None) -> tuple[str, dict[str, str]]:
+                    provider: str | None = None, *, by_measurement: bool = False) -> tuple[str, dict[str, str]]:
     """Pick the provider for this call.
 
     Returns (chosen provider, {skipped provider: reason}). An explicit `provider` that cannot run
-    raises ValueError with the reason, rather than silently running something else.
+    raises ValueError with the reason, rather than silently running something else. Otherwise the
+    first runnable provider in PROVIDER_ORDER, or with by_measurement=True the automatic choice
+    `dispatch` makes (`kernels.tuning.choose`: measured unless FUSIONLENS_PROVIDER_CHOICE=order;
+    a reused decision lists no skipped providers).
     """
     if provider is not None:
         reason = why_not(spec, provider, args, kwargs)
         if reason:
             raise ValueError(f"{spec.name}: provider {provider!r} unavailable: {reason}")
         return provider, {}
+    if by_measurement:
+        from kernels import tuning  # tuning imports this module
+
+        choice = tuning.choose(spec, args, kwargs)
+        return choice.provider, dict(choice.skipped)
     skipped: dict[str, str] = {}
     for p in PROVIDER_ORDER.get(_device_type(args), ("reference",)):
         if p != "reference" and p not in spec.providers:
@@ -225,8 +265,8 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
 
 
 def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) -> Any:
-    """Run kernel `name` with the best (or the requested) provider."""
+    """Run kernel `name` with the requested provider, or the automatic (measured) choice."""
     spec = KERNELS[name]
-    chosen, _ = select_provider(spec, args, kwargs, provider)
+    chosen, _ = select_provider(spec, args, kwargs, provider, by_measurement=provider is None)
     fn = spec.reference if chosen == "reference" else spec.providers[chosen]
     return fn(*args, **kwargs)

@@ -1,0 +1,377 @@
+"""Provider choice by measurement: time every provider that can run a call, keep the fastest.
+
+On the first automatic call of a kernel for a new *key* (kernel, device, threads, grad or not, and
+per tensor argument its dtype, a half-octave bucket of rows and of the last dim, contiguity; the
+mode arguments that change the algorithm: bools, strings, ints, None, float zero / non-zero),
+`choose` runs every runnable provider on the call's own arguments, in interleaved rounds after a
+warm-up, and keeps the one with the lowest median; ties within `TIE_FRACTION` go to the earlier
+provider in `PROVIDER_ORDER`, so a choice does not flap. Later calls with the same key reuse it.
+Decisions live in memory and in `<data dir>/tuning/provider_choice.json` (`kernels/tuning_store.py`),
+under a fingerprint of the machine and of the provider builds.
+
+What is timed is what the user will run: forward under no_grad, or forward + backward
+(`torch.autograd.grad` from detached aliases of the inputs, against a fixed grad_output from a
+private generator) when an input requires grad. Clock: process CPU time at one thread (immune to
+other processes on a shared machine), wall time at more threads (where latency is what the
+threads buy), CUDA events on GPUs. A decision stops after `BUDGET_S` (at least one timed round).
+The measured outputs are dropped: the real call runs afterwards with the chosen provider.
+
+Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
+trace, under `poison_outputs()`, while a CUDA graph is captured or the autograd profiler records
+(a stored decision is still used there). `FUSIONLENS_PROVIDER_CHOICE=order` turns measuring off.
+Optimizers stay on the order: their providers mutate state and `select_provider` sees only a
+representative tensor, not the call.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from kernels import registry
+from kernels.registry import KERNELS, PROVIDER_ORDER, KernelSpec
+from kernels.tuning_store import DecisionStore
+
+ENV_MODE = "FUSIONLENS_PROVIDER_CHOICE"
+MODES = ("measure", "order")
+BUDGET_S = 0.3  # wall seconds per decision (warm-ups included); at least one timed round
+MAX_ROUNDS = 9  # timed rounds per decision when calls are cheap
+TIE_FRACTION = 0.05  # within 5% of the fastest: the earlier provider in PROVIDER_ORDER wins
+SAMPLE_TARGET_S = 2e-4  # a sample repeats a cheap call until it lasts about this long
+MAX_INNER = 64
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How the provider of one call was chosen, for `provider_choice` and the UI.
+
+    how: "explicit" (provider=), "order" (first runnable in PROVIDER_ORDER), "measured" (timed
+    now), "cached" (timed earlier in this process) or "stored" (read from the JSON file).
+    times_us: median microseconds per call for each measured provider (empty unless measured).
+    skipped: provider -> why it could not run (or failed while measured).
+    note: why the order decided although measuring is on (e.g. "one runnable provider").
+    """
+
+    kernel: str
+    provider: str
+    how: str
+    key: str = ""
+    times_us: Mapping[str, float] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    clock: str = ""
+    grad: bool = False
+    rounds: int = 0
+    decision_s: float = 0.0
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.how not in ("explicit", "order", "measured", "cached", "stored"):
+            raise ValueError(f"unknown choice kind {self.how!r}")
+        if self.how in ("measured", "cached", "stored") and self.provider not in self.times_us:
+            raise ValueError(f"{self.kernel}: measured choice {self.provider!r} has no time")
+
+    def as_record(self) -> dict[str, Any]:
+        """The JSON record of a measured decision (what the store keeps)."""
+        return {"provider": self.provider, "times_us": dict(self.times_us), "skipped": dict(self.skipped),
+                "clock": self.clock, "grad": self.grad, "rounds": self.rounds,
+                "decision_s": round(self.decision_s, 4), "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def mode() -> str:
+    """The automatic-choice mode from FUSIONLENS_PROVIDER_CHOICE: "measure" (default) or "order"."""
+    value = os.environ.get(ENV_MODE, "measure").strip().lower() or "measure"
+    if value not in MODES:
+        raise ValueError(f"{ENV_MODE} must be 'measure' or 'order', got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------- keys
+_DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool)}
+def _bucket(n: int) -> str:
+    """Half-octave bucket of a size, floor(2 log2 n) / 2: 768 -> '2^9.5', 4096 -> '2^12', 0 -> '0'."""
+    if n <= 0:
+        return "0"
+    b = n.bit_length() - 1  # 2^b <= n < 2^(b+1); the upper half-octave starts at 2^b * sqrt(2)
+    return f"2^{b}.5" if n * n >= 1 << (2 * b + 1) else f"2^{b}"
+
+
+def _part(v: Any) -> str:
+    if v is None or v is True or v is False:
+        return repr(v)
+    if isinstance(v, torch.Tensor):
+        cols = v.shape[-1] if v.dim() else 1
+        rows = v.numel() // cols if cols else 0
+        strided = "" if v.is_contiguous() else ",strided"
+        return f"{_DTYPE_NAMES.get(v.dtype) or v.dtype}[{_bucket(rows)}x{_bucket(cols)}{strided}]"
+    if isinstance(v, (int, str)):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if v in (0.0, 1.0) else "float"  # offset 0 / 1, scale 1 / other, smoothing off / on
+    if isinstance(v, (tuple, list)):
+        return "(" + ",".join(_part(x) for x in v) + ")"
+    return type(v).__name__
+
+
+def default_key(*args: Any, **kwargs: Any) -> str:
+    """Size bucket and mode of a call: every argument through `_part`, kwargs by name."""
+    parts = [_part(a) for a in args] + [f"{k}={_part(v)}" for k, v in sorted(kwargs.items())]
+    return ",".join(parts)
+
+
+def _wants_grad(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in (*args, *kwargs.values()))
+
+
+def call_key(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], grad: bool) -> str:
+    """The decision key of a call (a string: it is also the JSON key)."""
+    device = registry._device_type(args)
+    threads = f"t{torch.get_num_threads()}" if device == "cpu" else device
+    body = (spec.tune_key or default_key)(*args, **kwargs)
+    return f"{spec.name}|{device}|{threads}|{'fwd+bwd' if grad else 'fwd'}|{body}"
+
+
+# ---------------------------------------------------------------- when not to measure
+_LOCAL = threading.local()
+
+
+def _not_now(args: tuple[Any, ...]) -> str | None:
+    """Why this call must not be timed now (None: it may be)."""
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+        return "inside torch.compile / JIT tracing"
+    if registry.poisoning():
+        return "poison_outputs() is active"
+    if getattr(_LOCAL, "depth", 0):
+        return "a measurement is already running on this thread"
+    if torch._C._autograd._profiler_enabled():
+        return "the autograd profiler is recording"
+    if registry._device_type(args) == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "a CUDA graph is being captured"
+    return None
+
+
+# ---------------------------------------------------------------- timing
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _runner(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
+            grad: bool) -> Callable[[], None]:
+    """A closure that runs one call the way the user will: forward only, or forward + backward."""
+    if not grad:
+        def forward() -> None:
+            with torch.no_grad():
+                fn(*args, **kwargs)
+        return forward
+
+    def alias(v: Any) -> Any:  # a fresh leaf on the same memory: no copy, no autograd history
+        return v.detach().requires_grad_(True) if isinstance(v, torch.Tensor) and v.requires_grad else v
+
+    a = tuple(alias(v) for v in args)
+    kw = {k: alias(v) for k, v in kwargs.items()}
+    leaves = [v for v in (*a, *kw.values()) if isinstance(v, torch.Tensor) and v.requires_grad]
+    gen = torch.Generator(device=leaves[0].device).manual_seed(0)  # never the global RNG
+    grad_outputs: dict[tuple, torch.Tensor] = {}
+
+    def forward_backward() -> None:
+        with torch.enable_grad():
+            outs = [o for o in _tensors(fn(*a, **kw)) if o.requires_grad]
+            if not outs:
+                raise RuntimeError("no output requires grad, so the backward cannot be timed")
+            gos = []
+            for o in outs:
+                k = (tuple(o.shape), o.dtype, o.device)
+                if k not in grad_outputs:
+                    grad_outputs[k] = torch.randn(o.shape, generator=gen, dtype=o.dtype, device=o.device)
+                gos.append(grad_outputs[k])
+            torch.autograd.grad(outs, leaves, gos, allow_unused=True)
+    return forward_backward
+
+
+def _clock(device: str) -> tuple[str, Callable[[], float]]:
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return "process_cpu", time.process_time
+    return "wall", time.perf_counter
+
+
+def _sample_s(run: Callable[[], None], inner: int, device: torch.device, clock: Callable[[], float]) -> float:
+    """Seconds per call: `inner` calls timed together (CUDA: events after a synchronize)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3 / inner
+    t0 = clock()
+    for _ in range(inner):
+        run()
+    return (clock() - t0) / inner
+
+
+def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwargs: Mapping[str, Any],
+            grad: bool, budget_s: float | None = None) -> tuple[dict[str, float], dict[str, str], str, int]:
+    """Median microseconds per call of each candidate; (times_us, failed, clock name, rounds).
+
+    Each candidate is warmed up once (which also sizes its repetitions), then the candidates are
+    timed in rounds, rotated so no provider always runs first, until the budget is spent.
+    """
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    clock_name, clock = _clock(device.type)
+    if device.type == "cuda":
+        clock_name = "cuda_events"
+    start = time.perf_counter()
+    runs: dict[str, Callable[[], None]] = {}
+    inner: dict[str, int] = {}
+    failed: dict[str, str] = {}
+    for p in candidates:
+        fn = spec.reference if p == "reference" else spec.providers[p]
+        try:
+            run = _runner(fn, args, kwargs, grad)
+            t0 = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            warm_s = time.perf_counter() - t0
+        except Exception as exc:  # a provider that fails is skipped with its reason
+            first = (str(exc).strip().splitlines() or [""])[0]
+            failed[p] = f"failed while measured: {type(exc).__name__}: {first}"
+            continue
+        runs[p] = run
+        inner[p] = max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(warm_s, 1e-7))))
+    samples: dict[str, list[float]] = {p: [] for p in runs}
+    rounds = 0
+    while runs and rounds < MAX_ROUNDS:
+        names = list(runs)
+        shift = rounds % len(names)
+        for p in names[shift:] + names[:shift]:
+            samples[p].append(_sample_s(runs[p], inner[p], device, clock))
+        rounds += 1
+        if time.perf_counter() - start >= budget_s:
+            break
+    times_us = {p: statistics.median(s) * 1e6 for p, s in samples.items()}
+    return times_us, failed, clock_name, rounds
+
+
+def pick(times_us: Mapping[str, float], order: tuple[str, ...], tie: float = TIE_FRACTION) -> str:
+    """The fastest provider; among those within `tie` of it, the earliest in `order`."""
+    best = min(times_us.values())
+    for p in order:
+        if p in times_us and times_us[p] <= best * (1.0 + tie):
+            return p
+    return min(times_us, key=times_us.__getitem__)
+
+
+# ---------------------------------------------------------------- decisions
+_STORE = DecisionStore()
+
+
+def _order_choice(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], note: str,
+                  report: bool) -> Choice:
+    """The order's pick; report=True checks every provider, else stops at the first runnable."""
+    if report:
+        runnable, skipped = registry.runnable_providers(spec, args, kwargs)
+        return Choice(spec.name, runnable[0], "order", skipped=skipped, note=note)
+    chosen, skipped = registry.select_provider(spec, args, kwargs)
+    return Choice(spec.name, chosen, "order", skipped=skipped, note=note)
+
+
+def _from_record(spec: KernelSpec, rec: dict, how: str, key: str, skipped: Mapping[str, str]) -> Choice:
+    return Choice(spec.name, rec["provider"], how, key=key, times_us=rec["times_us"], skipped=skipped,
+                  clock=rec.get("clock", ""), grad=bool(rec.get("grad")), rounds=int(rec.get("rounds", 0)),
+                  decision_s=float(rec.get("decision_s", 0.0)))
+
+
+def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
+           report: bool = False) -> Choice:
+    """The automatic provider of this call: measured once per key, then reused.
+
+    report=True also fills `skipped` for every provider on a reused decision (the UI's view);
+    dispatch leaves it off, so a reused decision costs one support check of the chosen provider.
+    """
+    if mode() == "order":
+        return _order_choice(spec, args, kwargs, f"{ENV_MODE}=order", report)
+    if torch.compiler.is_compiling() or registry.poisoning():  # no key, no lookup: the order
+        return _order_choice(spec, args, kwargs, f"not measured: {_not_now(args)}", report)
+    grad = _wants_grad(args, kwargs)
+    key = call_key(spec, args, kwargs, grad)
+    device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    found = _STORE.get(key, device)
+    if found is not None and registry.why_not(spec, found.record["provider"], args, kwargs) is None:
+        if report:
+            skipped = registry.runnable_providers(spec, args, kwargs)[1]
+            return _from_record(spec, found.record, found.how, key, skipped)
+        if found.memo is None:
+            found.memo = _from_record(spec, found.record, found.how, key, {})
+        return found.memo
+    runnable, skipped = registry.runnable_providers(spec, args, kwargs)
+    if found is not None:  # same key, but this call's checks rule the stored provider out
+        times = {p: t for p, t in found.record["times_us"].items() if p in runnable}
+        if times:
+            return Choice(spec.name, pick(times, tuple(runnable)), "cached", key=key, times_us=times,
+                          skipped=skipped, grad=grad, clock=found.record.get("clock", ""))
+    if len(runnable) == 1:
+        return Choice(spec.name, runnable[0], "order", key=key, skipped=skipped, grad=grad,
+                      note="one runnable provider: nothing to measure")
+    blocked = _not_now(args)
+    if blocked:
+        return Choice(spec.name, runnable[0], "order", key=key, skipped=skipped, grad=grad,
+                      note=f"not measured: {blocked}")
+    return _decide(spec, args, kwargs, key, device, runnable, skipped, grad, store=found is None)
+
+
+def _decide(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], key: str,
+            device: torch.device, runnable: list[str], skipped: dict[str, str], grad: bool,
+            store: bool) -> Choice:
+    """Measure the runnable providers, pick, and keep the decision."""
+    t0 = time.perf_counter()
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    try:
+        times, failed, clock, rounds = measure(spec, runnable, args, kwargs, grad)
+    finally:
+        _LOCAL.depth -= 1
+    skipped = {**skipped, **failed}
+    if not times:
+        return Choice(spec.name, runnable[0], "order", key=key, skipped=skipped, grad=grad,
+                      note="every provider failed while measured")
+    order = PROVIDER_ORDER.get(device.type, tuple(runnable))
+    choice = Choice(spec.name, pick(times, order, TIE_FRACTION), "measured", key=key, times_us=times, skipped=skipped,
+                    clock=clock, grad=grad, rounds=rounds, decision_s=time.perf_counter() - t0)
+    if store:
+        _STORE.put(key, device, choice.as_record())
+    return choice
+
+
+def provider_choice(name: str, *args: Any, provider: str | None = None, **kwargs: Any) -> Choice:
+    """How `kernels.<name>(*args, **kwargs)` would choose its provider, without running the call.
+
+    Measures (and keeps) the decision if this call's key was never measured. Returns a `Choice`:
+    the provider, the median time per measured provider, the reason for each skipped provider.
+    An explicit `provider=` that cannot run raises ValueError with the reason, as dispatch does.
+    """
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernel {name!r} (known: {', '.join(sorted(KERNELS))})")
+    spec = KERNELS[name]
+    if provider is not None:
+        chosen, _ = registry.select_provider(spec, args, kwargs, provider)
+        return Choice(name, chosen, "explicit")
+    return choose(spec, args, kwargs, report=True)
+
+
+def forget_decisions() -> None:
+    """Forget the in-memory decisions (tests; after changing threads the key changes anyway)."""
+    _STORE.forget()
