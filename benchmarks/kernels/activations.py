@@ -7,7 +7,8 @@ input), the variants are:
   HF NewGELU's tanh form; `a * sigmoid(a) * b` for SwiGLU);
 - aten: the ATen fused op where one exists (`F.gelu`, `F.silu(a) * b`), with the bias added
   eagerly in front for bias_gelu (ATen has no fused bias + GELU on CPU);
-- ours: provider="cpu"; and torch.compile of the naive composition (added by the driver).
+- ours: provider="cpu"; and torch.compile of the naive composition (added by the driver);
+- for GELU forward also aten_out / ours_out: the two kernels writing a preallocated output.
 FL_BENCH_QUICK=1 uses 1024 x 768 only.
 """
 from __future__ import annotations
@@ -85,6 +86,23 @@ def _step(fn, args: list, backward: bool, dy: torch.Tensor):
     return fwd_bwd
 
 
+def _kernel_only(x: torch.Tensor, approximate: str) -> dict:
+    """GELU into a preallocated output, ours vs ATen's out= op: the kernels without the cost of a
+    fresh output's page faults (which the public API pays, and ATen's op pays more: see bench_alloc)."""
+    kind = _activations._gelu_kind(approximate)
+    y_ours, y_aten = torch.empty_like(x), torch.empty_like(x)
+    y_ours.fill_(0.0)
+    y_aten.fill_(0.0)
+    x = x.detach()
+
+    def ours_out():
+        torch.ops.fusionlens.act_fwd(x, None, y_ours, kind)
+
+    def aten_out():
+        torch._C._nn.gelu(x, approximate=approximate, out=y_aten)
+    return {"aten_out": aten_out, "ours_out": ours_out}
+
+
 def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, backward: bool,
           device: str = "cpu", provider: str = "cpu") -> dict:
     naive, aten, ours = _fns(kernel, approximate, provider)
@@ -98,6 +116,8 @@ def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, bac
     bwd_bytes = (5 if kernel in ("swiglu", "geglu") else 3) * e
     fns = {"naive": naive, "aten": aten, **(_liger(kernel, approximate) if device == "cuda" else {}), "ours": ours}
     variants = {name: _step(fn, args, backward, t["dy"]) for name, fn in fns.items()}
+    if kernel == "gelu" and not backward and device == "cpu":
+        variants.update(_kernel_only(args[0], approximate))
     label = kernel + ("_tanh" if approximate == "tanh" and kernel != "swiglu" else "")
     return {
         "kernel": label, "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",

@@ -3,6 +3,7 @@
 Attention probabilities at [batch 8, heads 12, 512, 512] fp32 (FL_BENCH_QUICK=1: [2, 12, 256,
 256]), forward (no_grad) and forward+backward, three flavours:
 - plain: naive = `exp(x - max) / sum` written out, aten = `torch.softmax` (the fused op), ours;
+  forward also aten_out / ours_out: both kernels writing a preallocated output;
 - causal: `softmax(x * scale).masked_fill(triu, -inf)` as hand-written attention does it: naive
   = the eager reference (mul, masked_fill, ATen softmax), ours with causal=True;
 - padding: `softmax(x * scale + mask[B, 1, 1, S])`: naive = the eager reference, ours.
@@ -72,9 +73,19 @@ def _case(flavour: str, shape: tuple[int, ...], dtype: torch.dtype, backward: bo
         kw = dict(scale=SCALE, causal=flavour == "causal", mask=t["mask"] if flavour == "padding" else None)
         fns = {"naive": lambda x: sm.softmax_reference(x, **kw)}
     fns["ours"] = lambda x: kernels.softmax(x, provider=provider, **kw)
+    if flavour == "plain" and not backward and device == "cpu":
+        y_ours, y_aten = torch.empty_like(x), torch.empty_like(x)
+        y_ours.fill_(0.0)
+        y_aten.fill_(0.0)
+        xd = x.detach()
+        extra = {"aten_out": lambda: torch._softmax(xd, -1, False, out=y_aten),
+                 "ours_out": lambda: torch.ops.fusionlens.softmax_fwd(xd, None, y_ours, 1.0, False)}
+    else:
+        extra = {}
     cost = KERNELS["softmax"].cost(x, -1, kw.get("scale", 1.0), kw.get("mask"), kw.get("causal", False))
     e = x.numel() * x.element_size()
     variants = {name: _step(fn, x, backward, t["dy"]) for name, fn in fns.items()}
+    variants.update(extra)  # kernels into a preallocated output (no fresh-output page faults)
     return {
         "kernel": f"softmax_{flavour}", "pass": "fwd+bwd" if backward else "fwd",
         "shape": "x".join(map(str, shape)), "dtype": str(dtype).replace("torch.", ""),
