@@ -24,6 +24,7 @@ representative tensor, not the call.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import statistics
 import threading
@@ -130,11 +131,35 @@ def _wants_grad(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     return any(isinstance(v, torch.Tensor) and v.requires_grad for v in (*args, *kwargs.values()))
 
 
+_PARAMS: dict[Callable[..., Any], tuple[tuple[str, Any], ...]] = {}
+
+
+def _parameters(fn: Callable[..., Any]) -> tuple[tuple[str, Any], ...]:
+    """(name, default) of fn's parameters, () if it takes *args / **kwargs (cached per function)."""
+    if fn not in _PARAMS:
+        params = inspect.signature(fn).parameters.values()
+        flexible = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+        _PARAMS[fn] = () if flexible else tuple((p.name, p.default) for p in params)
+    return _PARAMS[fn]
+
+
+def _spec_key(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """`default_key` of the call's arguments in the reference's parameter order with defaults
+    filled in, so `softmax(x)` and `softmax(x, -1, 1.0, None, False)` share a key."""
+    params = _parameters(spec.reference)
+    if not params or len(args) > len(params) or not set(kwargs) <= {n for n, _ in params}:
+        return default_key(*args, **kwargs)  # not bindable: the raw arguments
+    values = list(args)
+    for name, default in params[len(args):]:
+        values.append(kwargs.get(name, default))
+    return default_key(*values)
+
+
 def call_key(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], grad: bool) -> str:
     """The decision key of a call (a string: it is also the JSON key)."""
     device = registry._device_type(args)
     threads = f"t{torch.get_num_threads()}" if device == "cpu" else device
-    body = (spec.tune_key or default_key)(*args, **kwargs)
+    body = spec.tune_key(*args, **kwargs) if spec.tune_key else _spec_key(spec, args, kwargs)
     return f"{spec.name}|{device}|{threads}|{'fwd+bwd' if grad else 'fwd'}|{body}"
 
 

@@ -112,7 +112,7 @@ class DecisionStore:
         """The file's content, or an empty document if it is missing or damaged (warned once)."""
         try:
             doc = json.loads(path.read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return {}
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             self._warn(path, f"ignored an unreadable decisions file: {type(exc).__name__}: {exc}")

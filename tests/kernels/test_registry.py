@@ -1,5 +1,6 @@
-"""Kernel registry: validation, duplicate registration, provider selection with reasons, probes,
-output poisoning, the lazy public API, and the C++ build's cache key."""
+"""Kernel registry: validation, duplicate registration, provider selection with reasons (the
+order, and the measured choice's entry point), probes, output poisoning, the lazy public API, and
+the C++ build's cache key. Measurement itself: test_tuning.py."""
 from __future__ import annotations
 
 import pytest
@@ -55,6 +56,23 @@ def test_selection_skips_with_reasons_and_explicit_raises(toy) -> None:
     assert chosen == "reference" and "does not support dtype torch.float16" in skipped["aten"]
     with pytest.raises(ValueError, match="has no cpu provider"):
         select_provider(toy, (even,), {}, provider="cpu")
+
+
+def test_runnable_providers_lists_every_runnable_one_in_order(toy) -> None:
+    assert registry.runnable_providers(toy, (torch.ones(4),), {}) == (["aten", "reference"], {})
+    runnable, skipped = registry.runnable_providers(toy, (torch.ones(3),), {})
+    assert runnable == ["reference"] and skipped == {"aten": "odd sizes unsupported"}
+
+
+def test_select_provider_is_the_order_unless_asked_to_measure(toy, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSIONLENS_PROVIDER_CHOICE", "order")
+    even = torch.ones(4)
+    assert select_provider(toy, (even,), {}, by_measurement=True) == ("aten", {})
+    monkeypatch.setenv("FUSIONLENS_PROVIDER_CHOICE", "measure")
+    chosen, _ = select_provider(toy, (even,), {}, by_measurement=True)
+    assert chosen in ("aten", "reference")  # both ran: which is faster is the machine's answer
+    assert select_provider(toy, (even,), {}) == ("aten", {})  # the order, nothing timed
 
 
 def test_probe_failures_become_reasons(monkeypatch) -> None:

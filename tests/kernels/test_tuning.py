@@ -1,0 +1,304 @@
+"""Provider choice by measurement (kernels/tuning.py), tested with throw-away kernels whose
+providers have known relative speeds (one does the same work 20 times) and count their calls.
+
+Every test measures into its own data dir (tmp_path) with FUSIONLENS_PROVIDER_CHOICE=measure and
+forgets the in-memory decisions before and after, so tests are independent of order and workers.
+Real kernels are only checked for the mechanism (times reported), never for which one wins.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+import kernels
+from kernels import registry, tuning, tuning_store
+from kernels.registry import KERNELS, KernelSpec, Supports, dispatch, poison_outputs, register_kernel
+
+N = 1 << 15  # elements of the synthetic inputs: ~20 us per op, so 20x work is unmistakable
+
+
+def _work(x: torch.Tensor, times: int) -> torch.Tensor:
+    y = x
+    for _ in range(times):
+        y = (x * 1.0001).add_(1.0)
+    return y - 1.0
+
+
+_REAL_CPU: dict[str, str | None] = {}
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Measure mode, a private data dir, the cpu provider 'available' (synthetic, nothing built)."""
+    # Probe (and build) the real cpu provider in the normal data dir first, and remember it.
+    _REAL_CPU["reason"] = registry.provider_unavailable_reason("cpu")
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(tuning.ENV_MODE, "measure")
+    monkeypatch.setitem(registry._PROBE_RESULTS, "cpu", None)
+    tuning.forget_decisions()
+    yield tmp_path
+    tuning.forget_decisions()
+
+
+@pytest.fixture
+def toy(request):
+    """Register a synthetic kernel: toy(cpu=k, aten=k, reference=k) gives each provider k x work."""
+    names: list[str] = []
+    calls: Counter = Counter()
+
+    def make(suffix: str = "", **work: int) -> KernelSpec:
+        def provider(name: str, k: int):
+            def run(x: torch.Tensor) -> torch.Tensor:
+                calls[name] += 1
+                return _work(x, k)
+            return run
+
+        providers = {p: provider(p, k) for p, k in work.items() if p != "reference"}
+        name = f"toy_tuning_{request.node.name.split('[')[0]}{suffix}"
+        spec = register_kernel(KernelSpec(name, provider("reference", work.get("reference", 1)),
+                                          providers, Supports(dtypes=(torch.float32,))))
+        names.append(name)
+        return spec
+
+    make.calls = calls
+    yield make
+    for name in names:
+        KERNELS.pop(name, None)
+
+
+def test_choice_follows_measurement_not_the_order(toy) -> None:
+    spec = toy(cpu=20, aten=1, reference=20)
+    x = torch.randn(N)
+    choice = kernels.provider_choice(spec.name, x)
+    assert choice.how == "measured" and choice.provider == "aten"
+    assert set(choice.times_us) == {"cpu", "aten", "reference"}
+    assert choice.times_us["cpu"] > 5 * choice.times_us["aten"]
+    assert choice.rounds >= 1 and choice.clock in ("process_cpu", "wall") and not choice.grad
+    assert torch.allclose(dispatch(spec.name, x), _work(x, 1))
+
+
+def test_measured_outputs_are_dropped_the_real_call_runs_after(toy) -> None:
+    spec = toy(cpu=1, aten=20)
+    counter = {"n": 0}
+
+    def numbered(x: torch.Tensor) -> torch.Tensor:
+        counter["n"] += 1
+        return torch.full_like(x, float(counter["n"]))
+
+    KERNELS[spec.name] = KernelSpec(spec.name, spec.reference, {"cpu": numbered, "aten": spec.providers["aten"]},
+                                    spec.supports)
+    out = dispatch(spec.name, torch.zeros(N))
+    assert counter["n"] >= 2  # warm-up + at least one timed call, then the real one
+    assert torch.all(out == counter["n"])  # the output is the last (real) call's, not a measured one
+
+
+def test_ties_go_to_the_earlier_provider(toy, monkeypatch) -> None:
+    assert tuning.pick({"cpu": 104.0, "aten": 100.0}, ("cpu", "aten", "reference")) == "cpu"
+    assert tuning.pick({"cpu": 106.0, "aten": 100.0}, ("cpu", "aten", "reference")) == "aten"
+    assert tuning.pick({"reference": 100.0, "aten": 101.0}, ("cpu", "aten", "reference")) == "aten"
+    monkeypatch.setattr(tuning, "TIE_FRACTION", 100.0)  # every time ties: the order decides
+    spec = toy(cpu=20, aten=1)
+    assert kernels.provider_choice(spec.name, torch.randn(N)).provider == "cpu"
+
+
+def test_decision_is_reused_per_key(toy) -> None:
+    spec = toy(cpu=20, aten=1, reference=20)
+    dispatch(spec.name, torch.randn(N))
+    assert toy.calls["cpu"] >= 2 and toy.calls["reference"] >= 2
+    toy.calls.clear()
+    for _ in range(3):
+        dispatch(spec.name, torch.randn(N + 7))  # same size bucket: no measuring
+    assert toy.calls == Counter(aten=3)
+    assert kernels.provider_choice(spec.name, torch.randn(N)).how == "cached"
+    toy.calls.clear()
+    dispatch(spec.name, torch.randn(4 * N))  # another bucket: measured again
+    assert toy.calls["cpu"] >= 2
+
+
+def test_decisions_persist_and_are_reused_by_a_fresh_process(toy, isolated) -> None:
+    spec = toy(cpu=20, aten=1)
+    x = torch.randn(N)
+    first = kernels.provider_choice(spec.name, x)
+    path = isolated / "tuning" / "provider_choice.json"
+    doc = json.loads(path.read_text())
+    fp, parts = tuning_store.machine("cpu")
+    section = doc["machines"][fp]
+    assert doc["format"] == tuning_store.FORMAT and parts["torch"] == torch.__version__
+    assert section["decisions"][first.key]["provider"] == "aten"
+    assert section["decisions"][first.key]["times_us"] == pytest.approx(dict(first.times_us))
+    tuning.forget_decisions()  # as a new process would: only the file is left
+    toy.calls.clear()
+    again = kernels.provider_choice(spec.name, x)
+    assert again.how == "stored" and again.provider == "aten" and toy.calls == Counter()
+    assert not list(path.parent.glob("*.tmp"))  # atomic writes leave no temporary behind
+
+
+def test_another_machine_fingerprint_measures_again(toy, isolated, monkeypatch) -> None:
+    spec = toy(cpu=20, aten=1)
+    kernels.provider_choice(spec.name, torch.randn(N))
+    tuning.forget_decisions()
+    monkeypatch.setattr(tuning_store, "machine", lambda *a: ("another-machine", {"cpu": "other"}))
+    assert kernels.provider_choice(spec.name, torch.randn(N)).how == "measured"
+    assert set(json.loads((isolated / "tuning" / "provider_choice.json").read_text())["machines"]) >= {
+        "another-machine"}
+
+
+@pytest.mark.parametrize("content", ["{not json", '["a list"]', "\x00\xff"])
+def test_damaged_file_is_ignored_with_a_warning(toy, isolated, content) -> None:
+    path = isolated / "tuning" / "provider_choice.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    spec = toy(cpu=20, aten=1)
+    with pytest.warns(RuntimeWarning, match="ignored"):
+        choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert choice.how == "measured" and choice.provider == "aten"
+    assert json.loads(path.read_text())["format"] == tuning_store.FORMAT  # rewritten whole
+
+
+def test_damaged_record_is_ignored_with_a_warning(toy, isolated) -> None:
+    spec = toy(cpu=20, aten=1)
+    x = torch.randn(N)
+    key = kernels.provider_choice(spec.name, x).key
+    path = isolated / "tuning" / "provider_choice.json"
+    doc = json.loads(path.read_text())
+    fp = tuning_store.machine("cpu")[0]
+    doc["machines"][fp]["decisions"][key] = {"provider": "aten", "times_us": {"cpu": "fast"}}
+    path.write_text(json.dumps(doc))
+    tuning.forget_decisions()
+    with pytest.warns(RuntimeWarning, match="damaged decision"):
+        assert kernels.provider_choice(spec.name, x).how == "measured"
+
+
+def test_unwritable_data_dir_keeps_decisions_in_memory(toy, isolated, monkeypatch) -> None:
+    blocker = isolated / "file_not_dir"
+    blocker.write_text("")
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(blocker))
+    spec = toy(cpu=20, aten=1)
+    with pytest.warns(RuntimeWarning, match="could not write"):
+        assert kernels.provider_choice(spec.name, torch.randn(N)).provider == "aten"
+    assert kernels.provider_choice(spec.name, torch.randn(N)).how == "cached"
+
+
+def test_order_mode_measures_nothing(toy, monkeypatch) -> None:
+    monkeypatch.setenv(tuning.ENV_MODE, "order")
+    spec = toy(cpu=20, aten=1)
+    dispatch(spec.name, torch.randn(N))
+    assert toy.calls == Counter(cpu=1)
+    choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert choice.how == "order" and choice.provider == "cpu" and not choice.times_us
+    monkeypatch.setenv(tuning.ENV_MODE, "fastest")
+    with pytest.raises(ValueError, match="FUSIONLENS_PROVIDER_CHOICE must be 'measure' or 'order'"):
+        dispatch(spec.name, torch.randn(N))
+
+
+def test_explicit_provider_always_wins(toy) -> None:
+    spec = toy(cpu=20, aten=1)
+    dispatch(spec.name, torch.randn(N), provider="cpu")
+    assert toy.calls == Counter(cpu=1)
+    assert kernels.provider_choice(spec.name, torch.randn(N), provider="cpu").how == "explicit"
+    with pytest.raises(ValueError, match="has no triton provider"):
+        kernels.provider_choice(spec.name, torch.randn(N), provider="triton")
+
+
+def test_poison_profiler_and_compile_fall_back_to_the_order(toy, monkeypatch) -> None:
+    spec = toy(cpu=20, aten=1)
+    with poison_outputs():
+        dispatch(spec.name, torch.randn(N))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert choice.how == "order" and "profiler" in choice.note
+    with monkeypatch.context() as m:
+        m.setattr(torch.compiler, "is_compiling", lambda: True)
+        dispatch(spec.name, torch.randn(N))
+    assert toy.calls == Counter(cpu=2)  # nothing timed, nothing stored
+    assert not tuning_store.store_path().exists()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """y = 2x; the backward does `work` times the work (forward speed equal to the other's)."""
+
+    @staticmethod
+    def forward(ctx, x, work):
+        ctx.work = work
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        _SlowBackward.backward_calls += 1
+        return _work(g, ctx.work) * 0.0 + g * 2.0, None
+
+
+def test_grad_calls_measure_forward_and_backward(toy) -> None:
+    _SlowBackward.backward_calls = 0
+    spec = toy(cpu=1, aten=1, reference=20)
+    KERNELS[spec.name] = KernelSpec(spec.name, spec.reference,
+                                    {"cpu": lambda x: _SlowBackward.apply(x, 20),
+                                     "aten": lambda x: _SlowBackward.apply(x, 1)}, spec.supports)
+    x = torch.randn(N, requires_grad=True)
+    choice = kernels.provider_choice(spec.name, x)
+    assert choice.grad and "|fwd+bwd|" in choice.key and choice.provider == "aten"
+    assert _SlowBackward.backward_calls >= 4  # both providers' warm-up and timed backwards
+    assert x.grad is None  # measuring left no gradient behind
+    y = dispatch(spec.name, x)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
+    with torch.no_grad():  # the same call without grad is another decision, forward only
+        assert "|fwd|" in kernels.provider_choice(spec.name, x).key
+
+
+def test_provider_that_fails_is_skipped_with_its_reason(toy) -> None:
+    spec = toy(cpu=1, aten=1)
+
+    def broken(x):
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    KERNELS[spec.name] = KernelSpec(spec.name, spec.reference, {"cpu": broken, "aten": spec.providers["aten"]},
+                                    spec.supports)
+    choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert choice.provider in ("aten", "reference") and "cpu" not in choice.times_us
+    assert choice.skipped["cpu"] == "failed while measured: RuntimeError: kernel exploded"
+
+
+def test_keys_bucket_sizes_and_keep_modes() -> None:
+    key = tuning.default_key
+    a = torch.empty(4096, 768)
+    assert key(a) == "float32[2^12x2^9.5]"
+    assert key(torch.empty(4096, 1024)) != key(a) and key(torch.empty(4100, 800)) == key(a)
+    assert key(a.t()) != key(a.t().contiguous())  # strided inputs are their own case
+    assert key(a, -1, 1.0, None, False) != key(a, -1, 0.5, None, False)  # scale 1 skips a multiply
+    assert key(a, -1, 0.5, None, False) == key(a, -1, 0.25, None, False)
+    assert key(a, "tanh") != key(a, "none") and key(a, None, 1e-6, 0.0) != key(a, None, 1e-6, 1.0)
+    assert key(a, reduction="mean") != key(a, reduction="sum")
+    assert key(torch.empty(0, 5)) == "float32[0x2^2]"
+
+
+def test_spec_key_function_and_threads_are_part_of_the_key(toy) -> None:
+    spec = toy(cpu=1, aten=1)
+    custom = KernelSpec(spec.name, spec.reference, spec.providers, spec.supports,
+                        tune_key=lambda x: f"n={x.numel()}")
+    assert tuning.call_key(custom, (torch.randn(3),), {}, False).endswith("|fwd|n=3")
+    threads = torch.get_num_threads()
+    assert f"|t{threads}|" in tuning.call_key(spec, (torch.randn(3),), {}, False)
+
+
+def test_real_kernel_reports_times_for_every_runnable_provider() -> None:
+    if _REAL_CPU["reason"] is not None:
+        pytest.skip(f"cpu provider unavailable: {_REAL_CPU['reason']}")
+    x = torch.randn(64, 256)
+    choice = kernels.provider_choice("softmax", x)
+    assert choice.how == "measured" and set(choice.times_us) == {"cpu", "aten", "reference"}
+    masked = kernels.provider_choice("softmax", x, -1, 1.0, torch.zeros(256), False)
+    assert "aten" in masked.skipped and "aten" not in masked.times_us
+    torch.testing.assert_close(kernels.softmax(x), torch.softmax(x.double(), -1).float())
+
+
+def test_keys_do_not_depend_on_how_arguments_are_passed() -> None:
+    spec = KERNELS["softmax"]
+    x = torch.empty(8, 16)
+    short = tuning.call_key(spec, (x,), {}, False)
+    assert short == tuning.call_key(spec, (x, -1, 1.0, None, False), {}, False)
+    assert short == tuning.call_key(spec, (x,), {"causal": False, "dim": -1}, False)
+    assert short != tuning.call_key(spec, (x,), {"causal": True}, False)
