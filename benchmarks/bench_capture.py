@@ -1,11 +1,13 @@
 """Capture overhead: a profiled steady-state step vs the same step unprofiled, on the zoo models.
 
-Variants (profiler settings from `profiler.capture.kineto.profiler_options`, i.e. what a capture
-runs; every profiled step ends with `prof.step()`, so `ProfilerStep#N` markers are included):
-- eager:          the step with no profiler (the baseline);
-- kineto:         the default capture mode (no shapes/memory/stack; target <= 5% over eager);
-- kineto-extcorr: the default with Kineto's external correlation on (the default before
-                  2026-11-30; on CPU it links nothing: measures that lever);
+Variants (settings from `profiler.capture.kineto.profiler_options` and the capture's own per-step
+`ProfilerStep#N` marker `kineto.step_marker`, i.e. exactly what a capture's active steps run):
+- eager:           the step with no profiler (the baseline);
+- kineto:          the default capture mode (no shapes/memory/stack; target <= 5% over eager);
+- kineto-before:   the default before 2026-11-30: torch's schedule with `prof.step()` after every
+                   step (its Python `record_function` marker) and external correlation on;
+- kineto-profstep: today's settings with `prof.step()` markers (the marker lever alone);
+- kineto-extcorr:  today's markers with external correlation on (that lever alone);
 - +shapes, +memory, +stack: the heavier modes (`--shapes`, `--memory`, `--stack`).
 
 Protocol (benchmarks/harness.py conventions, plus what a fair A/B of a profiler needs):
@@ -49,7 +51,7 @@ from torch.profiler import ProfilerAction, profile  # noqa: E402
 
 from benchmarks.harness import Timing, append_rows, percentiles, print_table  # noqa: E402
 from profiler.capture.backends import CapturePlan  # noqa: E402
-from profiler.capture.kineto import profiler_options  # noqa: E402
+from profiler.capture.kineto import profiler_options, step_marker  # noqa: E402
 from profiler.capture.runner import capture, make_step, prepare  # noqa: E402
 from profiler.capture.spec import load_spec  # noqa: E402
 from profiler.capture.zoo import zoo_models  # noqa: E402
@@ -60,7 +62,9 @@ PLAN_CHANGES = {
     "+memory": dict(record_shapes=True, profile_memory=True),
     "+stack": dict(record_shapes=True, with_stack=True),
 }
-ALL_VARIANTS = ("eager", "kineto", "kineto-extcorr", "+shapes", "+memory", "+stack")
+ALL_VARIANTS = ("eager", "kineto", "kineto-before", "kineto-profstep", "kineto-extcorr", "+shapes", "+memory", "+stack")
+DEFAULT_VARIANTS = ("eager", "kineto", "kineto-before", "+shapes", "+memory", "+stack")
+TORCH_STEP = ("kineto-before", "kineto-profstep")  # markers from torch's prof.step()
 PEROP_N = 20_000
 
 
@@ -68,11 +72,11 @@ def options(variant: str, plan: CapturePlan) -> dict | None:
     """`torch.profiler.profile` kwargs of `variant` (None: no profiler)."""
     if variant == "eager":
         return None
-    if variant == "kineto-extcorr":
+    if variant in ("kineto-extcorr", "kineto-before"):
         opts = profiler_options(plan)
         opts["experimental_config"] = None  # torch's default: external correlation on
         return opts
-    return profiler_options(dataclasses.replace(plan, **PLAN_CHANGES[variant]))
+    return profiler_options(dataclasses.replace(plan, **PLAN_CHANGES.get(variant, {})))
 
 
 def _always_record(step: int) -> ProfilerAction:
@@ -80,8 +84,10 @@ def _always_record(step: int) -> ProfilerAction:
     return ProfilerAction.RECORD
 
 
-def _session(opts: dict | None):
-    return contextlib.nullcontext() if opts is None else profile(schedule=_always_record, **opts)
+def _session(opts: dict | None, torch_step: bool):
+    if opts is None:
+        return contextlib.nullcontext()
+    return profile(schedule=_always_record, **opts) if torch_step else profile(**opts)
 
 
 def cpu_events(prof) -> int:
@@ -90,17 +96,21 @@ def cpu_events(prof) -> int:
     return 0 if results is None else sum(e.device_type() == DeviceType.CPU for e in results.events())
 
 
-def _block(step, opts: dict | None, inner: int) -> tuple[float, float, int]:
-    """(cpu_s, wall_s) per step of `inner` timed steps under `opts`, and events recorded per step."""
+def _block(step, opts: dict | None, torch_step: bool, inner: int) -> tuple[float, float, float]:
+    """(cpu_s, wall_s) per step of `inner` timed steps under `opts`, and events recorded per step.
+
+    Markers: the capture's `step_marker` around each step, or (torch_step) `prof.step()` after it.
+    """
     gc.collect()
-    with _session(opts) as prof:
-        step(0)  # the first profiled step pays one-off set-up: not steady state
-        if prof is not None:
+    run = step if opts is None or torch_step else step_marker(step)
+    with _session(opts, torch_step) as prof:
+        run(0)  # the first profiled step pays one-off set-up: not steady state
+        if torch_step:
             prof.step()
         c0, w0 = time.process_time(), time.perf_counter()
         for i in range(inner):
-            step(i)
-            if prof is not None:
+            run(i)
+            if torch_step:
                 prof.step()
         w1, c1 = time.perf_counter(), time.process_time()
     events = cpu_events(prof) / (inner + 1) if opts is not None else 0
@@ -127,7 +137,7 @@ def overhead(step, plan: CapturePlan, variants: list[str], rounds: int, inner: i
     events: dict[str, float] = {}
     for r in range(rounds):
         for v in _rotated(variants, r):
-            cpu_s, wall_s, ev = _block(step, opts[v], inner)
+            cpu_s, wall_s, ev = _block(step, opts[v], v in TORCH_STEP, inner)
             timing.cpu_s[v].append(cpu_s)
             timing.wall_s[v].append(wall_s)
             events.setdefault(v, ev)
@@ -143,7 +153,7 @@ def perop_cost(plan: CapturePlan, rounds: int) -> tuple[Timing, dict[str, float]
             torch.add(x, y)
 
     variants = ["eager", "kineto", "kineto-extcorr", "+shapes"]
-    timing, events, _ = overhead(loop, plan, variants, rounds, 2, 0.0)
+    timing, events, _ = overhead(loop, plan, variants, rounds, 2, 0.0)  # 1 marker per 20k ops: noise
     for metric in ("cpu_s", "wall_s"):
         for v in variants:
             getattr(timing, metric)[v] = [s / PEROP_N for s in getattr(timing, metric)[v]]
@@ -201,7 +211,7 @@ def main() -> None:
     ap.add_argument("--size", default="small")
     ap.add_argument("--mode", default="train", choices=["train", "infer"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--variants", default=",".join(ALL_VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"eager first, then any of {ALL_VARIANTS[1:]}")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--inner", type=int, default=3, help="minimum timed steps per block")
     ap.add_argument("--min-block-ms", type=float, default=150.0, help="minimum eager CPU time per block")

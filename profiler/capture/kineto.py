@@ -1,11 +1,11 @@
 """The default capture backend: torch.profiler (Kineto) on CPU and CUDA (DESIGN.md, Capture).
 
-A schedule of wait/warmup/active steps (repeat once), `ProfilerStep#N` markers from `prof.step()`,
-`record_shapes`, optional memory and stack recording. The Kineto JSON is written to `out_dir`
+A schedule of wait/warmup/active steps (one cycle), a `ProfilerStep#N` marker around every
+active step, optional shapes, memory and stack recording. The Kineto JSON is written to `out_dir`
 (Perfetto and TensorBoard open it) and loaded with `profiler.trace.load_trace`.
 
-`profiler_options(plan)` is the one place the profiler's settings are chosen; the backend and
-`benchmarks/bench_capture.py` both use it, so the overhead the benchmark reports is the capture's.
+`profiler_options(plan)` (settings) and `step_marker` (the per-step annotation) are used by both the
+backend and `benchmarks/bench_capture.py`, so the overhead the benchmark reports is the capture's.
 """
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
 from torch._C._profiler import _ExperimentalConfig
+from torch.profiler import ProfilerActivity, profile
 
 from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn, register_backend
+
+
+STEP_MARKER = "ProfilerStep#"  # torch.profiler's step annotation name; the loader finds steps by it
 
 
 def trace_filename(rank: int) -> str:
@@ -65,6 +68,57 @@ def profiler_options(plan: CapturePlan) -> dict[str, Any]:
                 experimental_config=_ExperimentalConfig(disable_external_correlation=not external_correlation(plan)))
 
 
+def step_marker(step_fn: Callable[[int], None]) -> Callable[[int], None]:
+    """step_fn(i) inside a `ProfilerStep#i` user annotation, opened and closed from C++ directly.
+
+    The same USER_SCOPE event `profile.step()` writes (the loader assigns steps by it), without
+    its Python path: after a model step, `profile.step()` took ~40 us (its `record_function`
+    goes through `torch.ops.profiler`; plus `os.environ` and `_is_kineto_stopped` lookups) against
+    ~5 us here; on a 1 ms inference step that was ~3-4% of overhead (bench_capture.py,
+    variant kineto-before). (`_RecordFunctionFast` is cheaper still but records a cpu_op.)
+    """
+    enter, leave = torch.autograd._record_function_with_args_enter, torch.autograd._record_function_with_args_exit
+
+    def marked(i: int) -> None:
+        handle = enter(f"{STEP_MARKER}{i}")
+        try:
+            step_fn(i)
+        finally:
+            leave(handle)
+
+    return marked
+
+
+def run_steps(prof: profile, step_fn: Callable[[int], None], plan: CapturePlan,
+              progress: Optional[ProgressFn] = None) -> float:
+    """Run the plan's wait/warmup/active steps on `prof` (a `profile` without a schedule).
+
+    torch's schedule transitions, done once per phase instead of through `prof.step()` after
+    every step: wait steps run unprofiled; `prepare_trace` starts the warm-up (Kineto set up, not
+    recording); `start_trace` starts the active steps, each in a `ProfilerStep#i` marker;
+    `stop_trace` ends them. Returns the seconds the steps took (profiler stop excluded).
+    """
+    marked = step_marker(step_fn)
+    first_active = plan.wait + plan.warmup
+    started = False
+    t0 = time.perf_counter()
+    try:
+        for i in range(plan.steps):
+            if i == plan.wait:
+                prof.prepare_trace()
+            if i == first_active:
+                prof.start_trace()
+                started = True
+            (marked if i >= first_active else step_fn)(i)
+            if progress:
+                phase = "wait" if i < plan.wait else "warmup" if i < first_active else "active"
+                progress(i + 1, plan.steps, f"step {i + 1}/{plan.steps} ({phase})")
+        return time.perf_counter() - t0
+    finally:
+        if started:
+            prof.stop_trace()
+
+
 @register_backend("kineto")
 def kineto_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Path,
                    progress: Optional[ProgressFn] = None) -> CaptureResult:
@@ -73,26 +127,16 @@ def kineto_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: P
     if reason:
         raise CaptureError(reason)
     path = Path(out_dir) / trace_filename(_rank())
-    written: list[float] = []
-
-    def on_ready(prof: profile) -> None:
-        t0 = time.perf_counter()
-        prof.export_chrome_trace(str(path))
-        written.append(time.perf_counter() - t0)
-
-    sched = schedule(wait=plan.wait, warmup=plan.warmup, active=plan.active, repeat=1)
+    prof = profile(**profiler_options(plan))
     t0 = time.perf_counter()
-    with profile(schedule=sched, on_trace_ready=on_ready, **profiler_options(plan)) as prof:
-        for i in range(plan.steps):
-            step_fn(i)
-            prof.step()
-            if progress:
-                phase = "wait" if i < plan.wait else "warmup" if i < plan.wait + plan.warmup else "active"
-                progress(i + 1, plan.steps, f"step {i + 1}/{plan.steps} ({phase})")
-    run_s = time.perf_counter() - t0
+    run_s = run_steps(prof, step_fn, plan, progress)
+    stop_s = time.perf_counter() - t0 - run_s
+    t1 = time.perf_counter()
+    prof.export_chrome_trace(str(path))
+    export_s = time.perf_counter() - t1
     if not path.exists():
         raise CaptureError(f"the profiler wrote no trace to {path}")
     t1 = time.perf_counter()
     trace = _load_trace()(path)
-    timings = {"run_s": run_s - sum(written), "export_s": sum(written), "load_s": time.perf_counter() - t1}
+    timings = {"run_s": run_s, "stop_s": stop_s, "export_s": export_s, "load_s": time.perf_counter() - t1}
     return CaptureResult(trace, path, {}, timings)

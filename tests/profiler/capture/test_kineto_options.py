@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from benchmarks.bench_capture import options
 from profiler.capture.backends import CapturePlan
-from profiler.capture.kineto import external_correlation, profiler_options
+from profiler.capture.kineto import external_correlation, profiler_options, run_steps
 from profiler.capture.runner import capture
 
 
@@ -84,3 +84,57 @@ def test_default_capture_keeps_markers_names_and_the_cost_join(tmp_path):
     assert {"aten::addmm", "Optimizer.step#AdamW.step"} <= set(names)
     assert res.trace.meta["capture"]["join"]["match_rate"] >= 0.9
     assert ev.loc[ev["kind"] == "cpu_op", "flops"].sum() > 0
+
+
+def _capture_events(tmp_path, tag, run):
+    """(cat, name) of every CPU event of 2 active steps of a fixed op sequence, from the raw JSON."""
+    x, w = torch.ones(4, 8), torch.ones(8, 3, requires_grad=True)
+
+    def step(i):
+        (torch.relu(x @ w) * 2.0).sum().backward()
+
+    path = tmp_path / f"{tag}.json"
+    run(step, path)
+    evs = json.loads(path.read_text())["traceEvents"]
+    return [(e.get("cat"), e["name"]) for e in evs if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+
+
+def test_run_steps_records_what_torch_schedule_records(tmp_path):
+    plan = CapturePlan(wait=1, warmup=1, active=2)
+
+    def ours(step, path):
+        prof = profile(**profiler_options(plan))
+        run_steps(prof, step, plan)
+        prof.export_chrome_trace(str(path))
+
+    def torchs(step, path):  # the reference: torch's schedule and prof.step() markers
+        sched = schedule(wait=1, warmup=1, active=2, repeat=1)
+        with profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+                     **profiler_options(plan)) as prof:
+            for i in range(plan.steps):
+                step(i)
+                prof.step()
+
+    mine, ref = _capture_events(tmp_path, "ours", ours), _capture_events(tmp_path, "torch", torchs)
+    assert mine == ref
+    assert [n for c, n in mine if c == "user_annotation"] == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert sum(c == "cpu_op" for c, _ in mine) >= 2 * 5
+
+
+def test_run_steps_stops_the_profiler_when_a_step_raises(tmp_path):
+    plan = CapturePlan(wait=0, warmup=0, active=3)
+    prof = profile(**profiler_options(plan))
+
+    def step(i):
+        torch.ones(2).add(1)
+        if i == 1:
+            raise RuntimeError("boom")
+
+    try:
+        run_steps(prof, step, plan)
+    except RuntimeError:
+        pass
+    assert not torch.autograd._profiler_enabled()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))  # what ran before the failure is kept
+    names = [e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]]
+    assert "ProfilerStep#0" in names and "ProfilerStep#1" in names
