@@ -30,7 +30,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 
@@ -45,6 +45,7 @@ MAX_ROUNDS = 9  # timed rounds per decision when calls are cheap
 TIE_FRACTION = 0.05  # within 5% of the fastest: the earlier provider in PROVIDER_ORDER wins
 SAMPLE_TARGET_S = 2e-4  # a sample repeats a cheap call until it lasts about this long
 MAX_INNER = 64
+DROP_FACTOR = 4.0  # a warm-up this many times the fastest one (and >= budget/20) skips the rounds
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ class Choice:
     def as_record(self) -> dict[str, Any]:
         """The JSON record of a measured decision (what the store keeps)."""
         return {"provider": self.provider, "times_us": dict(self.times_us), "skipped": dict(self.skipped),
-                "clock": self.clock, "grad": self.grad, "rounds": self.rounds,
-                "decision_s": round(self.decision_s, 4), "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "clock": self.clock, "grad": self.grad, "rounds": self.rounds, "note": self.note,
+                "decision_s": round(self.decision_s, 4), "load1": round(os.getloadavg()[0], 2),
+                "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def mode() -> str:
@@ -247,12 +249,22 @@ def _sample_s(run: Callable[[], None], inner: int, device: torch.device, clock: 
     return (clock() - t0) / inner
 
 
+class Measurement(NamedTuple):
+    times_us: dict[str, float]  # median microseconds per call
+    failed: dict[str, str]  # provider -> why it failed while measured
+    clock: str
+    rounds: int
+    warmup_only: tuple[str, ...]  # providers timed by their warm-up alone (far slower than the best)
+
+
 def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwargs: Mapping[str, Any],
-            grad: bool, budget_s: float | None = None) -> tuple[dict[str, float], dict[str, str], str, int]:
-    """Median microseconds per call of each candidate; (times_us, failed, clock name, rounds).
+            grad: bool, budget_s: float | None = None) -> Measurement:
+    """Median microseconds per call of each candidate.
 
     Each candidate is warmed up once (which also sizes its repetitions), then the candidates are
-    timed in rounds, rotated so no provider always runs first, until the budget is spent.
+    timed in rounds, rotated so no provider always runs first, until the budget is spent. A
+    candidate whose warm-up took over DROP_FACTOR x the fastest warm-up, and long enough to
+    matter to the budget, cannot win: its warm-up stands as its time and it skips the rounds.
     """
     budget_s = BUDGET_S if budget_s is None else budget_s
     device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
@@ -261,35 +273,33 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
         clock_name = "cuda_events"
     start = time.perf_counter()
     runs: dict[str, Callable[[], None]] = {}
-    inner: dict[str, int] = {}
+    warm: dict[str, float] = {}
     failed: dict[str, str] = {}
     for p in candidates:
         fn = spec.reference if p == "reference" else spec.providers[p]
         try:
             run = _runner(fn, args, kwargs, grad)
-            t0 = time.perf_counter()
-            run()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            warm_s = time.perf_counter() - t0
+            warm[p] = _sample_s(run, 1, device, clock)
         except Exception as exc:  # a provider that fails is skipped with its reason
             first = (str(exc).strip().splitlines() or [""])[0]
             failed[p] = f"failed while measured: {type(exc).__name__}: {first}"
             continue
         runs[p] = run
-        inner[p] = max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(warm_s, 1e-7))))
-    samples: dict[str, list[float]] = {p: [] for p in runs}
+    best_warm = min(warm.values(), default=0.0)
+    slow = tuple(p for p, w in warm.items() if w > DROP_FACTOR * best_warm and w > budget_s / 20)
+    samples: dict[str, list[float]] = {p: [warm[p]] if p in slow else [] for p in runs}
+    inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
+    timed = [p for p in runs if p not in slow]
     rounds = 0
-    while runs and rounds < MAX_ROUNDS:
-        names = list(runs)
-        shift = rounds % len(names)
-        for p in names[shift:] + names[:shift]:
+    while timed and rounds < MAX_ROUNDS:
+        shift = rounds % len(timed)
+        for p in timed[shift:] + timed[:shift]:
             samples[p].append(_sample_s(runs[p], inner[p], device, clock))
         rounds += 1
         if time.perf_counter() - start >= budget_s:
             break
     times_us = {p: statistics.median(s) * 1e6 for p, s in samples.items()}
-    return times_us, failed, clock_name, rounds
+    return Measurement(times_us, failed, clock_name, rounds, slow)
 
 
 def pick(times_us: Mapping[str, float], order: tuple[str, ...], tie: float = TIE_FRACTION) -> str:
@@ -318,7 +328,7 @@ def _order_choice(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, 
 def _from_record(spec: KernelSpec, rec: dict, how: str, key: str, skipped: Mapping[str, str]) -> Choice:
     return Choice(spec.name, rec["provider"], how, key=key, times_us=rec["times_us"], skipped=skipped,
                   clock=rec.get("clock", ""), grad=bool(rec.get("grad")), rounds=int(rec.get("rounds", 0)),
-                  decision_s=float(rec.get("decision_s", 0.0)))
+                  decision_s=float(rec.get("decision_s", 0.0)), note=str(rec.get("note", "")))
 
 
 def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
@@ -366,16 +376,19 @@ def _decide(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], 
     t0 = time.perf_counter()
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
-        times, failed, clock, rounds = measure(spec, runnable, args, kwargs, grad)
+        m = measure(spec, runnable, args, kwargs, grad)
     finally:
         _LOCAL.depth -= 1
-    skipped = {**skipped, **failed}
-    if not times:
+    skipped = {**skipped, **m.failed}
+    if not m.times_us:
         return Choice(spec.name, runnable[0], "order", key=key, skipped=skipped, grad=grad,
                       note="every provider failed while measured")
     order = PROVIDER_ORDER.get(device.type, tuple(runnable))
-    choice = Choice(spec.name, pick(times, order, TIE_FRACTION), "measured", key=key, times_us=times, skipped=skipped,
-                    clock=clock, grad=grad, rounds=rounds, decision_s=time.perf_counter() - t0)
+    note = f"timed by one warm-up call (over {DROP_FACTOR:g}x the fastest): {', '.join(m.warmup_only)}" \
+        if m.warmup_only else ""
+    choice = Choice(spec.name, pick(m.times_us, order, TIE_FRACTION), "measured", key=key, times_us=m.times_us,
+                    skipped=skipped, clock=m.clock, grad=grad, rounds=m.rounds,
+                    decision_s=time.perf_counter() - t0, note=note)
     if store:
         _STORE.put(key, device, choice.as_record())
     return choice
