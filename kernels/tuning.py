@@ -2,7 +2,7 @@
 
 On the first automatic call of a kernel for a new *key* (kernel, device, threads, grad or not, and
 per tensor argument its dtype, a half-octave bucket of rows and of the last dim, contiguity; the
-mode arguments that change the algorithm: bools, strings, ints, None, float zero / non-zero),
+mode arguments that change the algorithm: bools, strings, ints, None; floats as 0, 1 or other),
 `choose` runs every runnable provider on the call's own arguments, in interleaved rounds after a
 warm-up, and keeps the one with the lowest median; ties within `TIE_FRACTION` go to the earlier
 provider in `PROVIDER_ORDER`, so a choice does not flap. Later calls with the same key reuse it.
@@ -13,7 +13,8 @@ What is timed is what the user will run: forward under no_grad, or forward + bac
 (`torch.autograd.grad` from detached aliases of the inputs, against a fixed grad_output from a
 private generator) when an input requires grad. Clock: process CPU time at one thread (immune to
 other processes on a shared machine), wall time at more threads (where latency is what the
-threads buy), CUDA events on GPUs. A decision stops after `BUDGET_S` (at least one timed round).
+threads buy), CUDA events on GPUs. A decision stops after `BUDGET_S` (at least one timed round);
+a provider `DROP_FACTOR` x slower than the fastest in the first round (and long) skips the rest.
 The measured outputs are dropped: the real call runs afterwards with the chosen provider.
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
@@ -45,7 +46,8 @@ MAX_ROUNDS = 9  # timed rounds per decision when calls are cheap
 TIE_FRACTION = 0.05  # within 5% of the fastest: the earlier provider in PROVIDER_ORDER wins
 SAMPLE_TARGET_S = 2e-4  # a sample repeats a cheap call until it lasts about this long
 MAX_INNER = 64
-DROP_FACTOR = 4.0  # a warm-up this many times the fastest one (and >= budget/20) skips the rounds
+DROP_FACTOR = 4.0  # this many times slower than the fastest in the first round ...
+DROP_MIN_S = 0.015  # ... and at least this long per call: no later rounds for that provider
 
 
 @dataclass(frozen=True)
@@ -254,7 +256,7 @@ class Measurement(NamedTuple):
     failed: dict[str, str]  # provider -> why it failed while measured
     clock: str
     rounds: int
-    warmup_only: tuple[str, ...]  # providers timed by their warm-up alone (far slower than the best)
+    first_round_only: tuple[str, ...]  # far slower than the best in round 1: not timed again
 
 
 def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwargs: Mapping[str, Any],
@@ -263,8 +265,9 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
 
     Each candidate is warmed up once (which also sizes its repetitions), then the candidates are
     timed in rounds, rotated so no provider always runs first, until the budget is spent. A
-    candidate whose warm-up took over DROP_FACTOR x the fastest warm-up, and long enough to
-    matter to the budget, cannot win: its warm-up stands as its time and it skips the rounds.
+    candidate whose first timed call took over DROP_FACTOR x the fastest one's, and long enough
+    to matter to the budget, cannot win: it skips the later rounds. (Judged after a warm-up, not
+    on it: a first call can be 100x slower than the next, e.g. fresh pages for the outputs.)
     """
     budget_s = BUDGET_S if budget_s is None else budget_s
     device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
@@ -285,17 +288,19 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
             failed[p] = f"failed while measured: {type(exc).__name__}: {first}"
             continue
         runs[p] = run
-    best_warm = min(warm.values(), default=0.0)
-    slow = tuple(p for p, w in warm.items() if w > DROP_FACTOR * best_warm and w > budget_s / 20)
-    samples: dict[str, list[float]] = {p: [warm[p]] if p in slow else [] for p in runs}
+    samples: dict[str, list[float]] = {p: [] for p in runs}
     inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
-    timed = [p for p in runs if p not in slow]
+    timed, slow = list(runs), ()
     rounds = 0
     while timed and rounds < MAX_ROUNDS:
         shift = rounds % len(timed)
         for p in timed[shift:] + timed[:shift]:
             samples[p].append(_sample_s(runs[p], inner[p], device, clock))
         rounds += 1
+        if rounds == 1:  # hopeless and costly after a warm-up and a timed call: no more rounds
+            best = min(s[0] for s in samples.values())
+            slow = tuple(p for p in timed if samples[p][0] > DROP_FACTOR * best and samples[p][0] > DROP_MIN_S)
+            timed = [p for p in timed if p not in slow]
         if time.perf_counter() - start >= budget_s:
             break
     times_us = {p: statistics.median(s) * 1e6 for p, s in samples.items()}
@@ -384,8 +389,8 @@ def _decide(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], 
         return Choice(spec.name, runnable[0], "order", key=key, skipped=skipped, grad=grad,
                       note="every provider failed while measured")
     order = PROVIDER_ORDER.get(device.type, tuple(runnable))
-    note = f"timed by one warm-up call (over {DROP_FACTOR:g}x the fastest): {', '.join(m.warmup_only)}" \
-        if m.warmup_only else ""
+    note = f"timed in the first round only (over {DROP_FACTOR:g}x the fastest): {', '.join(m.first_round_only)}" \
+        if m.first_round_only else ""
     choice = Choice(spec.name, pick(m.times_us, order, TIE_FRACTION), "measured", key=key, times_us=m.times_us,
                     skipped=skipped, clock=m.clock, grad=grad, rounds=m.rounds,
                     decision_s=time.perf_counter() - t0, note=note)
