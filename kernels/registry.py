@@ -248,7 +248,7 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
         if reason:
             raise ValueError(f"{spec.name}: provider {provider!r} unavailable: {reason}")
         return provider, {}
-    if by_measurement:
+    if by_measurement and not torch.compiler.is_compiling():  # tracing sees only the order's code
         from kernels import tuning  # tuning imports this module
 
         choice = tuning.choose(spec, args, kwargs)
