@@ -121,8 +121,9 @@ Isa pick_isa() {
     return Isa::base;
   }();
   // Default: the AVX2 copy even where AVX-512 exists. Measured on Zen 4 (benchmarks/results/
-  // kernels_norms_cpu.md): the 256-bit copy is 1.0-1.6x faster than the 512-bit one for every op
-  // (512-bit ops are split in two there, and these kernels are load/store and memory bound).
+  // kernels_norms_cpu.md), interleaved, per-copy buffers: the 256-bit copy ran 0.9-1.8x the speed
+  // of the 512-bit one (median about 1.06x; 512-bit ops are split in two there, and these
+  // kernels are load/store and memory bound).
   Isa want = Isa::avx2;
   if (const char* env = std::getenv("FUSIONLENS_CPU_ISA")) {
     if (!std::strcmp(env, "base")) want = Isa::base;
