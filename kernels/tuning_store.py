@@ -63,9 +63,16 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@functools.cache
 def machine(device_type: str, index: int | None = None) -> tuple[str, dict[str, Any]]:
-    """(fingerprint, its parts) of this machine and provider builds, for decisions on `device_type`."""
+    """(fingerprint, its parts) of this machine and provider builds, for decisions on `device_type`.
+
+    Computed once per device in a process (the loaded C++ extension does not change either).
+    """
+    return _machine(device_type, index)
+
+
+@functools.cache
+def _machine(device_type: str, index: int | None) -> tuple[str, dict[str, Any]]:
     parts: dict[str, Any] = {
         "cpu": _cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
         "cpu_ext": _build.build_dir_for(_build._inputs()).name, "triton": _version("triton"),

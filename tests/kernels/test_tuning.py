@@ -45,7 +45,8 @@ def isolated(tmp_path, monkeypatch):
 
 @pytest.fixture
 def toy(request):
-    """Register a synthetic kernel: toy(cpu=k, aten=k, reference=k) gives each provider k x work."""
+    """Register a synthetic kernel: toy(cpu=k, aten=k, reference=k) gives each provider k x work
+    (the reference does 20x unless told)."""
     names: list[str] = []
     calls: Counter = Counter()
 
@@ -58,7 +59,7 @@ def toy(request):
 
         providers = {p: provider(p, k) for p, k in work.items() if p != "reference"}
         name = f"toy_tuning_{request.node.name.split('[')[0]}{suffix}"
-        spec = register_kernel(KernelSpec(name, provider("reference", work.get("reference", 1)),
+        spec = register_kernel(KernelSpec(name, provider("reference", work.get("reference", 20)),
                                           providers, Supports(dtypes=(torch.float32,))))
         names.append(name)
         return spec
