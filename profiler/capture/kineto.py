@@ -58,7 +58,7 @@ def profiler_options(plan: CapturePlan) -> dict[str, Any]:
 
     Only what the plan asks for is on: no `with_modules`/`with_flops` (FLOPs and shapes come from
     the untimed cost pass). On CPU, external correlation is off: it pushes and pops each op's id on
-    Kineto's device-correlation stack (~0.02 of Kineto's ~0.3 us per op, bench_capture.py) only
+    Kineto's device-correlation stack (~0.02-0.04 of Kineto's ~0.3 us per op, bench_capture.py) only
     to tag GPU activity, which a CPU trace has none of; ops keep their own External id. On CUDA it
     stays on: the FLOPs join and kernel attribution read the kernels' External id.
     """
@@ -75,7 +75,7 @@ def step_marker(step_fn: Callable[[int], None]) -> Callable[[int], None]:
     its Python path: after a model step, `profile.step()` took ~40 us (its `record_function`
     goes through `torch.ops.profiler`; plus `os.environ` and `_is_kineto_stopped` lookups) against
     ~5 us here; on a 1 ms inference step that was ~3-4% of overhead (bench_capture.py,
-    variant kineto-before). (`_RecordFunctionFast` is cheaper still but records a cpu_op.)
+    variants kineto-profstep vs kineto). (`_RecordFunctionFast` is cheaper but records a cpu_op.)
     """
     enter, leave = torch.autograd._record_function_with_args_enter, torch.autograd._record_function_with_args_exit
 
