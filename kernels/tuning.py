@@ -83,8 +83,16 @@ class Choice:
         """The JSON record of a measured decision (what the store keeps)."""
         return {"provider": self.provider, "times_us": dict(self.times_us), "skipped": dict(self.skipped),
                 "clock": self.clock, "grad": self.grad, "rounds": self.rounds, "note": self.note,
-                "decision_s": round(self.decision_s, 4), "load1": round(os.getloadavg()[0], 2),
+                "decision_s": round(self.decision_s, 4), "load1": _load1(),
                 "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _load1() -> float | None:
+    """The 1-minute load average when the decision was measured (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def mode() -> str:
