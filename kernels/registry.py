@@ -27,7 +27,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -213,6 +213,14 @@ def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapp
     return None
 
 
+def _candidates(spec: KernelSpec, args: tuple[Any, ...],
+                kwargs: Mapping[str, Any]) -> Iterator[tuple[str, str | None]]:
+    """(provider, None if it can run this call else why not) for the kernel's providers, in order."""
+    for p in PROVIDER_ORDER.get(_device_type(args), ("reference",)):
+        if p == "reference" or p in spec.providers:
+            yield p, why_not(spec, p, args, kwargs)
+
+
 def runnable_providers(spec: KernelSpec, args: tuple[Any, ...],
                        kwargs: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
     """([providers that can run this call, in PROVIDER_ORDER], {other provider: reason}).
@@ -222,10 +230,7 @@ def runnable_providers(spec: KernelSpec, args: tuple[Any, ...],
     """
     runnable: list[str] = []
     skipped: dict[str, str] = {}
-    for p in PROVIDER_ORDER.get(_device_type(args), ("reference",)):
-        if p != "reference" and p not in spec.providers:
-            continue
-        reason = why_not(spec, p, args, kwargs)
+    for p, reason in _candidates(spec, args, kwargs):
         if reason is None:
             runnable.append(p)
         else:
@@ -254,10 +259,7 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
         choice = tuning.choose(spec, args, kwargs)
         return choice.provider, dict(choice.skipped)
     skipped: dict[str, str] = {}
-    for p in PROVIDER_ORDER.get(_device_type(args), ("reference",)):
-        if p != "reference" and p not in spec.providers:
-            continue
-        reason = why_not(spec, p, args, kwargs)
+    for p, reason in _candidates(spec, args, kwargs):  # lazily: stop at the first runnable one
         if reason is None:
             return p, skipped
         skipped[p] = reason

@@ -32,11 +32,6 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 }
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_ACT_MULTI_ISA 1
-#else
-#define FL_ACT_MULTI_ISA 0
-#endif
 
 namespace fl_act {
 
@@ -53,7 +48,7 @@ struct Spans {
   void (*glu_grad)(const float* g, const float* a, const float* b, float* ga, float* gb, int64_t n);
 };
 
-#if FL_ACT_MULTI_ISA
+#if FL_MULTI_ISA
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
 namespace isa_avx512 {
@@ -80,7 +75,7 @@ namespace {
 // The span loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <int64_t K>
 Spans spans_for() {
-#if FL_ACT_MULTI_ISA
+#if FL_MULTI_ISA
   switch (fusionlens::cpu_isa()) {
     case fusionlens::CpuIsa::avx512: return isa_avx512::spans<K>();
     case fusionlens::CpuIsa::avx2: return isa_avx2::spans<K>();

@@ -176,13 +176,21 @@ inline float exp_nonpos(float x_in) {
   return out;
 }
 
-// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (activations.cpp,
-// softmax.cpp): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
+// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (norms.cpp,
+// activations.cpp, softmax.cpp): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
 // (read per call, so tests can run every copy); never above what the CPU has.
+// FL_MULTI_ISA: the compiler can build such per-ISA copies (GCC on x86-64).
+// `preferred` is the copy used when FUSIONLENS_CPU_ISA is unset (norms prefer AVX2, see norms.cpp).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_MULTI_ISA 1
+#else
+#define FL_MULTI_ISA 0
+#endif
+
 enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2 };
 
-inline CpuIsa cpu_isa() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+inline CpuIsa cpu_isa(CpuIsa preferred = CpuIsa::avx512) {
+#if FL_MULTI_ISA
   static const CpuIsa best = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -193,7 +201,7 @@ inline CpuIsa cpu_isa() {
       return CpuIsa::avx2;
     return CpuIsa::base;
   }();
-  CpuIsa want = best;
+  CpuIsa want = preferred;
   if (const char* env = std::getenv("FUSIONLENS_CPU_ISA")) {
     if (!std::strcmp(env, "base")) want = CpuIsa::base;
     else if (!std::strcmp(env, "avx2")) want = CpuIsa::avx2;

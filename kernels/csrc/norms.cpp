@@ -29,11 +29,6 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_MULTI_ISA 1
-#else
-#define FL_MULTI_ISA 0
-#endif
 
 namespace fusionlens {
 
@@ -105,44 +100,21 @@ namespace {  // internal linkage: no PLT calls, no symbol clashes between copies
 
 namespace {
 
-enum class Isa { base = 0, avx2 = 1, avx512 = 2 };
+using fusionlens::CpuIsa;
 
-// The best copy this CPU runs, lowered by FUSIONLENS_CPU_ISA (read per call: tests switch it).
-Isa pick_isa() {
-#if FL_MULTI_ISA
-  static const Isa best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
-      return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
-      return Isa::avx2;
-    return Isa::base;
-  }();
-  // Default: the AVX2 copy even where AVX-512 exists. Measured on Zen 4 (benchmarks/results/
-  // kernels_norms_cpu.md), interleaved, per-copy buffers: the 256-bit copy ran 0.9-1.8x the speed
-  // of the 512-bit one (median about 1.06x; 512-bit ops are split in two there, and these
-  // kernels are load/store and memory bound).
-  Isa want = Isa::avx2;
-  if (const char* env = std::getenv("FUSIONLENS_CPU_ISA")) {
-    if (!std::strcmp(env, "base")) want = Isa::base;
-    else if (!std::strcmp(env, "avx2")) want = Isa::avx2;
-    else if (!std::strcmp(env, "avx512")) want = Isa::avx512;
-    else TORCH_CHECK(!*env, "FUSIONLENS_CPU_ISA must be avx512, avx2 or base, got '", env, "'");
-  }
-  return static_cast<int>(want) < static_cast<int>(best) ? want : best;
-#else
-  return Isa::base;
-#endif
-}
+// The copy the norm ops run: FUSIONLENS_CPU_ISA if set (read per call: tests switch it), else the
+// AVX2 copy even where AVX-512 exists; never above what the CPU has. Measured on Zen 4
+// (benchmarks/results/kernels_norms_cpu.md), interleaved, per-copy buffers: the 256-bit copy ran
+// 0.9-1.8x the speed of the 512-bit one (median about 1.06x; 512-bit ops are split in two there,
+// and these kernels are load/store and memory bound).
+CpuIsa pick_isa() { return fusionlens::cpu_isa(CpuIsa::avx2); }
 
 #if FL_MULTI_ISA
-#define FL_DISPATCH_ISA(fn, T, args)                      \
-  switch (pick_isa()) {                                   \
-    case Isa::avx512: norms_avx512::fn<T>(args); break;   \
-    case Isa::avx2: norms_avx2::fn<T>(args); break;       \
-    default: norms_base::fn<T>(args); break;              \
+#define FL_DISPATCH_ISA(fn, T, args)                        \
+  switch (pick_isa()) {                                     \
+    case CpuIsa::avx512: norms_avx512::fn<T>(args); break;  \
+    case CpuIsa::avx2: norms_avx2::fn<T>(args); break;      \
+    default: norms_base::fn<T>(args); break;                \
   }
 #else
 #define FL_DISPATCH_ISA(fn, T, args) norms_base::fn<T>(args);
@@ -265,13 +237,7 @@ void rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const c10::optional
 }
 
 // The instruction-set copy the norm ops run on this CPU now (after FUSIONLENS_CPU_ISA).
-std::string norms_isa() {
-  switch (pick_isa()) {
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    default: return "base";
-  }
-}
+std::string norms_isa() { return fusionlens::cpu_isa_name(pick_isa()); }
 
 }  // namespace
 }  // namespace fusionlens

@@ -25,11 +25,6 @@
 
 
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_SOFTMAX_MULTI_ISA 1
-#else
-#define FL_SOFTMAX_MULTI_ISA 0
-#endif
 
 namespace fl_softmax {
 
@@ -42,7 +37,7 @@ struct RowOps {
   void (*grad_row)(const float* g, const float* y, float* out, int64_t n, float sc, float d);
 };
 
-#if FL_SOFTMAX_MULTI_ISA
+#if FL_MULTI_ISA
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
 namespace isa_avx512 {
@@ -68,7 +63,7 @@ namespace {
 
 // The row loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 RowOps row_ops_for() {
-#if FL_SOFTMAX_MULTI_ISA
+#if FL_MULTI_ISA
   switch (fusionlens::cpu_isa()) {
     case fusionlens::CpuIsa::avx512: return isa_avx512::row_ops();
     case fusionlens::CpuIsa::avx2: return isa_avx2::row_ops();
