@@ -36,14 +36,25 @@ def data_dir() -> Path:
     return Path(os.environ.get("FUSIONLENS_DATA_DIR", ".fusionlens")).resolve()
 
 
-def _cpu_id() -> str:
+def cpuinfo(keys: tuple[str, ...] = ("model name",)) -> str:
+    """The first /proc/cpuinfo line of each of `keys`, joined; else platform's processor name."""
+    found: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+            key = line.split(":", 1)[0].strip()
+            if key in keys and key not in found:
+                found[key] = line.split(":", 1)[1].strip() if ":" in line else ""
+                if len(found) == len(keys):
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return "\n".join(found[k] for k in keys if k in found) or platform.processor() or platform.machine()
+
+
+def _cpu_id() -> str:
+    """The CPU as the -march=native build sees it: model and feature flags (same model name,
+    different flags, e.g. EPYC VMs with and without AVX-512, must not share a build)."""
+    return cpuinfo(("model name", "flags"))
 
 
 def _inputs() -> list[Path]:

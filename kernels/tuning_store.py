@@ -20,7 +20,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import platform
 import tempfile
 import threading
 import warnings
@@ -46,16 +45,6 @@ def _path_for(env_dir: str | None, cwd: str) -> Path:  # resolve() stats the pat
     return _build.data_dir() / "tuning" / "provider_choice.json"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -74,7 +63,7 @@ def machine(device_type: str, index: int | None = None) -> tuple[str, dict[str, 
 @functools.cache
 def _machine(device_type: str, index: int | None) -> tuple[str, dict[str, Any]]:
     parts: dict[str, Any] = {
-        "cpu": _cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
+        "cpu": _build.cpuinfo(), "cpus": os.cpu_count(), "torch": torch.__version__,
         "cpu_ext": _build.build_dir_for(_build._inputs()).name, "triton": _version("triton"),
     }
     if device_type == "cuda":
