@@ -48,29 +48,8 @@ struct Spans {
   void (*glu_grad)(const float* g, const float* a, const float* b, float* ga, float* gb, int64_t n);
 };
 
-#if FL_MULTI_ISA
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
-namespace isa_avx512 {
-namespace {
-#include "activations_impl.h"
-}  // namespace
-}  // namespace isa_avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
-namespace isa_avx2 {
-namespace {
-#include "activations_impl.h"
-}  // namespace
-}  // namespace isa_avx2
-#pragma GCC pop_options
-#endif
-namespace isa_base {
-namespace {
-#include "activations_impl.h"
-}  // namespace
-}  // namespace isa_base
+#define FL_ISA_IMPL "activations_impl.h"
+#include "per_isa.h"
 
 // The span loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <int64_t K>

@@ -68,35 +68,8 @@ struct RmsBwd {
   bool llama_cast, stream;
 };
 
-#if FL_MULTI_ISA
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
-namespace norms_avx512 {
-namespace {  // internal linkage: no PLT calls, no symbol clashes between copies
-#define FL_ISA 512
-#include "norms_impl.h"
-#undef FL_ISA
-}  // namespace
-}  // namespace norms_avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
-namespace norms_avx2 {
-namespace {  // internal linkage: no PLT calls, no symbol clashes between copies
-#define FL_ISA 256
-#include "norms_impl.h"
-#undef FL_ISA
-}  // namespace
-}  // namespace norms_avx2
-#pragma GCC pop_options
-#endif
-namespace norms_base {
-namespace {  // internal linkage: no PLT calls, no symbol clashes between copies
-#define FL_ISA 0
-#include "norms_impl.h"
-#undef FL_ISA
-}  // namespace
-}  // namespace norms_base
+#define FL_ISA_IMPL "norms_impl.h"
+#include "per_isa.h"
 
 namespace {
 
@@ -112,12 +85,12 @@ CpuIsa pick_isa() { return fusionlens::cpu_isa(CpuIsa::avx2); }
 #if FL_MULTI_ISA
 #define FL_DISPATCH_ISA(fn, T, args)                        \
   switch (pick_isa()) {                                     \
-    case CpuIsa::avx512: norms_avx512::fn<T>(args); break;  \
-    case CpuIsa::avx2: norms_avx2::fn<T>(args); break;      \
-    default: norms_base::fn<T>(args); break;                \
+    case CpuIsa::avx512: isa_avx512::fn<T>(args); break;    \
+    case CpuIsa::avx2: isa_avx2::fn<T>(args); break;        \
+    default: isa_base::fn<T>(args); break;                  \
   }
 #else
-#define FL_DISPATCH_ISA(fn, T, args) norms_base::fn<T>(args);
+#define FL_DISPATCH_ISA(fn, T, args) isa_base::fn<T>(args);
 #endif
 
 struct Rows {

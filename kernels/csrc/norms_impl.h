@@ -1,9 +1,9 @@
 // Row kernels of kernels/csrc/norms.cpp, compiled once per instruction set.
 //
-// NO include guard on purpose: norms.cpp includes this file several times, each time inside its
-// own namespace, after `#pragma GCC target(...)` and with FL_ISA set (512: AVX-512, 256:
-// AVX2+FMA+F16C, 0: the build's baseline), and picks one copy at run time from the CPU's
-// features. So the same source is fast on any x86-64 without -march=native. Everything it needs
+// NO include guard on purpose: norms.cpp includes this file several times (through per_isa.h),
+// each time inside its own namespace, after `#pragma GCC target(...)` and with FL_ISA set (512:
+// AVX-512, 256: AVX2+FMA+F16C, 0: the build's baseline), and picks one copy at run time from the
+// CPU's features. So the same source is fast on any x86-64 without -march=native. Everything it needs
 // is included by norms.cpp before; this file includes nothing.
 //
 // Reductions use four native-width vector accumulators (GCC vector extensions), so they run at load

@@ -37,29 +37,8 @@ struct RowOps {
   void (*grad_row)(const float* g, const float* y, float* out, int64_t n, float sc, float d);
 };
 
-#if FL_MULTI_ISA
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
-namespace isa_avx512 {
-namespace {
-#include "softmax_impl.h"
-}  // namespace
-}  // namespace isa_avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
-namespace isa_avx2 {
-namespace {
-#include "softmax_impl.h"
-}  // namespace
-}  // namespace isa_avx2
-#pragma GCC pop_options
-#endif
-namespace isa_base {
-namespace {
-#include "softmax_impl.h"
-}  // namespace
-}  // namespace isa_base
+#define FL_ISA_IMPL "softmax_impl.h"
+#include "per_isa.h"
 
 // The row loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 RowOps row_ops_for() {
