@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from profiler.capture.backends import (CaptureError, CapturePlan, CaptureResult, ProgressFn, get_backend,
                                        unavailable_reason)
+from profiler.capture.sources import nvml_off_by_plan
 from profiler.capture.spec import LoadedModel, SpecError, describe_failure, load_spec
 from profiler.trace.model import Trace
 from profiler.trace.schema import COUNTER_COLUMNS
@@ -131,11 +132,9 @@ def guarded(spec: str, step_fn: Callable[[int], None]) -> Callable[[int], None]:
 
 def _nvml(plan: CapturePlan, off: dict[str, str]) -> Any:
     """An NVML sampler for CUDA plans, else None with the reason in `off`."""
-    if not plan.is_cuda:
-        off["nvml"] = "device is cpu (NVML samples NVIDIA GPUs only)"
-        return None
-    if not plan.nvml:
-        off["nvml"] = "turned off for this capture"
+    reason = nvml_off_by_plan(plan)
+    if reason:
+        off["nvml"] = reason
         return None
     try:
         from profiler.capture.nvml import NvmlSampler

@@ -81,6 +81,15 @@ def nvml_unavailable_reason(nvml_module: Any = None) -> Optional[str]:
     return None if count > 0 else "NVML unavailable: the driver lists no GPU"
 
 
+def nvml_off_by_plan(plan: CapturePlan) -> Optional[str]:
+    """Why `plan` itself leaves NVML off (not CUDA, or turned off), else None. The runner uses it too."""
+    if not plan.is_cuda:
+        return "device is cpu (NVML samples NVIDIA GPUs only)"
+    if not plan.nvml:
+        return "turned off for this capture"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, Optional[str]]:
     """Probe once per process: CUDA, NVML and each capture backend -> None (usable) or reason."""
@@ -111,10 +120,9 @@ def plan_sources(plan: CapturePlan, env: Optional[dict[str, Optional[str]]] = No
         if plan.backend == "cupti":
             out.append(SourceStatus("cupti", reason is None, reason or ""))
     out.insert(1, SourceStatus("flops", plan.flops, "" if plan.flops else "turned off for this capture"))
-    if not plan.is_cuda:
-        nvml = SourceStatus("nvml", False, "device is cpu (NVML samples NVIDIA GPUs only)")
-    elif not plan.nvml:
-        nvml = SourceStatus("nvml", False, "turned off for this capture")
+    nvml_off = nvml_off_by_plan(plan)
+    if nvml_off:
+        nvml = SourceStatus("nvml", False, nvml_off)
     else:
         nvml = SourceStatus("nvml", env.get("nvml") is None, env.get("nvml") or "")
     out.insert(2, nvml)
