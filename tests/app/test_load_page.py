@@ -40,6 +40,7 @@ def test_sample_trace_summary_matches_raw_json():
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Kernels"] == f"{len(kernels):,}"
     assert metrics["Kernel time"] == f"{sum(e['dur'] for e in kernels) / 1e3:,.2f} ms"
+    assert metrics["Ranks"] == "1"  # one file, one rank: a count, not the rank id 0
 
 
 def test_bad_local_path_is_one_line_error(tmp_path):
