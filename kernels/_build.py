@@ -2,7 +2,10 @@
 
 All `kernels/csrc/*.cpp` files compile into a single shared library (one build, ~20 s the first
 time) under `<data dir>/cpp_build/<hash>/`, where the hash covers the sources, the compiler flags,
-torch's version and this CPU. Each source registers its ops with
+torch's version and this CPU. The flags target the compiler's baseline (no -march=native): every
+kernel's hot loops are compiled once per instruction set (AVX-512, AVX2+FMA, baseline; see
+csrc/per_isa.h) and the best copy the CPU runs is picked at run time, so the library itself is
+portable; keying the hash on the CPU too is only conservative. Each source registers its ops with
 `TORCH_LIBRARY_FRAGMENT(fusionlens, m)`, so they appear as `torch.ops.fusionlens.<op>`.
 
 Nothing is built at import time: the first call of `load_cpu_ops()` builds or loads.
@@ -25,7 +28,12 @@ import torch
 from kernels.registry import register_provider_probe
 
 CSRC = Path(__file__).parent / "csrc"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-std=c++17"]
+# Portable flags: no -march=native (the hot loops are compiled once per instruction set through
+# csrc/per_isa.h and picked at run time, so one build runs on any x86-64) and no -ffast-math (the
+# kernels' reductions are written in vector form, so results keep IEEE rounding). -fno-math-errno
+# only stops libm calls from setting errno, which nothing reads; without it GCC keeps std::sqrt
+# a checked call that blocks vectorization of the optimizer loops. It changes no result.
+CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-std=c++17"]
 LDFLAGS = ["-fopenmp"]
 _lock = threading.Lock()
 _loaded = False
@@ -52,8 +60,9 @@ def cpuinfo(keys: tuple[str, ...] = ("model name",)) -> str:
 
 
 def _cpu_id() -> str:
-    """The CPU as the -march=native build sees it: model and feature flags (same model name,
-    different flags, e.g. EPYC VMs with and without AVX-512, must not share a build)."""
+    """The CPU: model and feature flags. The build no longer depends on them (no -march=native;
+    the ISA copy is picked at run time), but keeping them in the hash costs one rebuild per
+    machine and guards against a future flag that does depend on the CPU."""
     return cpuinfo(("model name", "flags"))
 
 

@@ -13,39 +13,62 @@
 // gradient in a third. Traffic: forward reads N*V once; backward reads once and writes once
 // (ATen's log_softmax + nll_loss writes and re-reads an [N, V] fp32 log-prob tensor, and its
 // backward materialises two more). All arithmetic in fp32 (bf16/fp16 are converted per row).
+// The row loops live in cross_entropy_impl.h, compiled once per instruction set (AVX-512,
+// AVX2+FMA, the build's baseline) and picked at run time (common.h cpu_isa; FUSIONLENS_CPU_ISA
+// lowers it); they need neither -march=native nor -ffast-math.
 #include "common.h"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace fl_ce {
+
+struct RowStats {
+  float lse;
+  float loss;
+};
+
+// One ISA copy's row operations (cross_entropy_impl.h) on rows of T; `buf`/`buf2` hold V floats
+// (unused for float rows).
+template <typename T>
+struct RowOps {
+  RowStats (*forward)(const T* x, float* buf, int64_t V, int64_t t, float eps);
+  void (*backward)(const T* x, T* grad, float* buf, float* buf2, int64_t V, int64_t t, float lse, float eps,
+                   float g);
+  float (*fused)(T* x, float* buf, int64_t V, int64_t t, float eps, float grad_scale);
+};
+
+#define FL_ISA_IMPL "cross_entropy_impl.h"
+#include "per_isa.h"
+
+// The row operations of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
+template <typename T>
+RowOps<T> row_ops_for() {
+#if FL_MULTI_ISA
+  switch (fusionlens::cpu_isa()) {
+    case fusionlens::CpuIsa::avx512: return isa_avx512::row_ops<T>();
+    case fusionlens::CpuIsa::avx2: return isa_avx2::row_ops<T>();
+    default: break;
+  }
+#endif
+  return isa_base::row_ops<T>();
+}
+
+}  // namespace fl_ce
 
 namespace {
 
-using fusionlens::from_float;
-using fusionlens::row_as_float;
-
-// exp(x) for x <= 88 (callers pass x - max <= 0): Cephes-style range reduction plus a degree-6
-// polynomial (about 1 ulp), written branch-free so the row loops vectorize. x < -87.3 -> 0
-// (the true value is subnormal), NaN -> NaN.
-inline float fast_expf(float x) {
-  const float xc = x < -87.33654f ? -87.33654f : (x > 88.0f ? 88.0f : x);
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float out = y * scale;
-  return x < -87.33654f ? 0.0f : (x != x ? x : out);
-}
+using fl_ce::RowStats;
 
 // Calls f(T{}) with T the logits' element type (float, bf16 or fp16; checked before).
 template <typename F>
@@ -56,40 +79,6 @@ void dispatch_float_types(at::ScalarType dt, const F& f) {
     case at::kHalf: f(c10::Half{}); break;
     default: TORCH_CHECK(false, "cross_entropy: unsupported dtype ", dt);
   }
-}
-
-struct RowStats {
-  float lse;
-  float loss;
-};
-
-// Loss and log-sum-exp of one float row. eps = label smoothing.
-inline RowStats row_forward(const float* x, int64_t V, int64_t t, float eps) {
-  float m = -std::numeric_limits<float>::infinity();
-  float sum_x = 0.0f;
-#pragma omp simd reduction(max : m) reduction(+ : sum_x)
-  for (int64_t j = 0; j < V; ++j) {
-    m = x[j] > m ? x[j] : m;
-    sum_x += x[j];
-  }
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < V; ++j) s += fast_expf(x[j] - m);
-  // A NaN anywhere makes s NaN (exp(NaN) = NaN), so the loss is NaN, as in the reference.
-  const float lse = m + std::log(s);
-  float loss = lse - (1.0f - eps) * x[t];
-  if (eps != 0.0f) loss -= eps * (sum_x / static_cast<float>(V));
-  return {lse, loss};
-}
-
-// g * dloss/dx of one row into out (may alias x).
-inline void row_grad(const float* x, float* out, int64_t V, int64_t t, float lse, float eps,
-                     float g) {
-  const float smooth = g * eps / static_cast<float>(V);
-  const float xt = x[t];
-#pragma omp simd
-  for (int64_t j = 0; j < V; ++j) out[j] = g * fast_expf(x[j] - lse) - smooth;
-  out[t] = g * fast_expf(xt - lse) - smooth - g * (1.0f - eps);
 }
 
 void check_inputs(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index) {
@@ -134,16 +123,14 @@ void ce_forward(const at::Tensor& logits, const at::Tensor& target, int64_t igno
   dispatch_float_types(logits.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     const scalar_t* x = logits.const_data_ptr<scalar_t>();
+    const auto ops = fl_ce::row_ops_for<scalar_t>();
     at::parallel_for(0, N, grain(V), [&](int64_t begin, int64_t end) {
       std::vector<float> buf(std::is_same_v<scalar_t, float> ? 0 : V);
       for (int64_t i = begin; i < end; ++i) {
-        {
-          const float* row = row_as_float(x + i * ld, buf.data(), V);
-          const bool ignored = t[i] == ignore_index;
-          const RowStats st = row_forward(row, V, ignored ? 0 : t[i], eps);
-          lse_p[i] = st.lse;
-          loss[i] = ignored ? 0.0f : st.loss;
-        }
+        const bool ignored = t[i] == ignore_index;
+        const RowStats st = ops.forward(x + i * ld, buf.data(), V, ignored ? 0 : t[i], eps);
+        lse_p[i] = st.lse;
+        loss[i] = ignored ? 0.0f : st.loss;
       }
     });
   });
@@ -169,21 +156,17 @@ void ce_backward(const at::Tensor& logits, const at::Tensor& target, const at::T
     using scalar_t = decltype(tag);
     const scalar_t* x = logits.const_data_ptr<scalar_t>();
     scalar_t* out = grad.data_ptr<scalar_t>();
+    const auto ops = fl_ce::row_ops_for<scalar_t>();
     at::parallel_for(0, N, grain(V), [&](int64_t begin, int64_t end) {
       const bool f32 = std::is_same_v<scalar_t, float>;
       std::vector<float> in_buf(f32 ? 0 : V), out_buf(f32 ? 0 : V);
       for (int64_t i = begin; i < end; ++i) {
-        {
-          scalar_t* dst = out + i * V;
-          if (t[i] == ignore_index) {
-            std::memset(static_cast<void*>(dst), 0, V * sizeof(scalar_t));
-            continue;
-          }
-          const float* row = row_as_float(x + i * ld, in_buf.data(), V);
-          float* o = fusionlens::out_row(dst, out_buf.data());
-          row_grad(row, o, V, t[i], lse_p[i], eps, g[i]);
-          fusionlens::commit_row(o, dst, V);
+        scalar_t* dst = out + i * V;
+        if (t[i] == ignore_index) {
+          std::memset(static_cast<void*>(dst), 0, V * sizeof(scalar_t));
+          continue;
         }
+        ops.backward(x + i * ld, dst, in_buf.data(), out_buf.data(), V, t[i], lse_p[i], eps, g[i]);
       }
     });
   });
@@ -203,31 +186,29 @@ void ce_fused_(at::Tensor& logits, const at::Tensor& target, int64_t ignore_inde
   dispatch_float_types(logits.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     scalar_t* x = logits.data_ptr<scalar_t>();
+    const auto ops = fl_ce::row_ops_for<scalar_t>();
     at::parallel_for(0, N, grain(V), [&](int64_t begin, int64_t end) {
       std::vector<float> buf(std::is_same_v<scalar_t, float> ? 0 : V);
       for (int64_t i = begin; i < end; ++i) {
-        {
-          scalar_t* dst = x + i * V;
-          if (t[i] == ignore_index) {
-            loss[i] = 0.0f;
-            std::memset(static_cast<void*>(dst), 0, V * sizeof(scalar_t));
-            continue;
-          }
-          const float* row = row_as_float(dst, buf.data(), V);
-          const RowStats st = row_forward(row, V, t[i], eps);
-          loss[i] = st.loss;
-          float* o = fusionlens::out_row(dst, buf.data());  // in place: row read before written
-          row_grad(row, o, V, t[i], st.lse, eps, scale);
-          fusionlens::commit_row(o, dst, V);
+        scalar_t* dst = x + i * V;
+        if (t[i] == ignore_index) {
+          loss[i] = 0.0f;
+          std::memset(static_cast<void*>(dst), 0, V * sizeof(scalar_t));
+          continue;
         }
+        loss[i] = ops.fused(dst, buf.data(), V, t[i], eps, scale);
       }
     });
   });
 }
 
+// Which ISA copy the cross-entropy kernels run now ("avx512", "avx2" or "base").
+std::string cross_entropy_isa() { return fusionlens::cpu_isa_name(fusionlens::cpu_isa()); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
+  m.def("cross_entropy_isa() -> str", &cross_entropy_isa);
   m.def("ce_forward(Tensor logits, Tensor target, int ignore_index, float label_smoothing, "
         "Tensor(a!) loss_rows, Tensor(b!) lse) -> ()");
   m.def("ce_backward(Tensor logits, Tensor target, Tensor lse, Tensor grad_rows, int ignore_index, "

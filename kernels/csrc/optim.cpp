@@ -19,14 +19,71 @@
 //       use_nvlamb). Recomputing costs no more traffic than storing the update, and needs no
 //       scratch memory and leaves the grads untouched.
 //   multi_sumsq(tensors) -> float64 [n]: per-tensor sum of squares (global grad-norm clipping).
+//
+// The chunk loops live in optim_impl.h, compiled once per instruction set (AVX-512, AVX2+FMA,
+// the build's baseline) and picked at run time (common.h cpu_isa; FUSIONLENS_CPU_ISA lowers it),
+// so neither -march=native nor -ffast-math is needed.
 #include "common.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <type_traits>
 #include <vector>
 
+namespace fl_optim {
+
+template <typename T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// AdamW's per-chunk scalars, rounded to the math type M from the double values torch computes.
+template <typename M>
+struct AdamScalars {
+  M decay, w1, b2, w2, eps, step_size, bc2_sqrt;
+  bool lerp_low, maximize;
+};
+
+// LAMB's scalars shared by all tensors of a step (the bias corrections are per tensor).
+template <typename M>
+struct LambScalars {
+  M inv_clip, l2, b1, b2, b3, w2, eps, dec;
+};
+
+// One ISA copy's chunk loops (optim_impl.h) for parameters of type T.
+template <typename T>
+struct ChunkOps {
+  using M = opmath_t<T>;
+  void (*adamw)(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s);
+  void (*adamw_amsgrad)(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s);
+  void (*lamb1)(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
+                double* sum_p, double* sum_u);
+  void (*lamb2)(T* p, const T* m, const T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2, M step_lr);
+  double (*sumsq)(const T* x, int64_t len);
+};
+
+#define FL_ISA_IMPL "optim_impl.h"
+#include "per_isa.h"
+
+// The chunk loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
+template <typename T>
+ChunkOps<T> ops_for() {
+#if FL_MULTI_ISA
+  switch (fusionlens::cpu_isa()) {
+    case fusionlens::CpuIsa::avx512: return isa_avx512::chunk_ops<T>();
+    case fusionlens::CpuIsa::avx2: return isa_avx2::chunk_ops<T>();
+    default: break;
+  }
+#endif
+  return isa_base::chunk_ops<T>();
+}
+
+}  // namespace fl_optim
+
 namespace {
+
+using fl_optim::opmath_t;
 
 constexpr int64_t kChunk = 32768;
 
@@ -69,9 +126,6 @@ void dispatch_param_types(at::ScalarType dt, const char* name, const F& f) {
   }
 }
 
-template <typename T>
-using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 void check_lists(const char* name, const at::TensorList params,
                  std::initializer_list<std::pair<const char*, at::TensorList>> others) {
   const auto dt = params.empty() ? at::kFloat : params[0].scalar_type();
@@ -113,34 +167,8 @@ std::vector<double> bump_steps(const char* name, at::TensorList steps, size_t n)
 }
 
 // AdamW follows torch's operation order and uses FMAs where ATen's CPU kernels do (lerp,
-// addcmul). It is not bit-exact (the build's -ffast-math may contract or use reciprocals, and
-// ATen's vectorized sqrt is not always correctly rounded), but within fp32 rounding per step.
-// One chunk of AdamW; AMSGRAD is a template parameter so the loop has no conditional store and
-// vectorizes. The ternaries on loop-invariant flags are if-converted.
-template <typename T, typename M, bool AMSGRAD>
-inline void adamw_chunk(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, M decay, M w1, M b2,
-                        M w2, M e, M ss, M bc2s, bool lerp_low, bool maximize) {
-  const M sign = maximize ? M(-1) : M(1);
-#pragma omp simd
-  for (int64_t k = 0; k < len; ++k) {
-    const M gk = sign * static_cast<M>(g[k]);
-    const M pk = static_cast<M>(p[k]) * decay;
-    const M mk0 = static_cast<M>(m[k]);
-    // torch.lerp's two-sided formula (exact at weight 0 and 1), as ATen's vectorized FMA
-    const M mk = lerp_low ? std::fma(w1, gk - mk0, mk0) : std::fma(w1 - M(1), gk - mk0, gk);
-    const M vk = std::fma(w2 * gk, gk, static_cast<M>(v[k]) * b2);
-    M vd = vk;
-    if constexpr (AMSGRAD) {
-      vd = std::max(static_cast<M>(vmax[k]), vk);
-      vmax[k] = static_cast<T>(vd);
-    }
-    const M denom = std::sqrt(vd) / bc2s + e;
-    p[k] = static_cast<T>(pk + ((-ss) * mk) / denom);
-    m[k] = static_cast<T>(mk);
-    v[k] = static_cast<T>(vk);
-  }
-}
-
+// addcmul); no -ffast-math. Not bit-exact (ATen's vectorized sqrt and division need not round
+// like the compiler's), but within fp32 rounding per step.
 void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                  at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
                  double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -161,10 +189,11 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
       step_size[i] = static_cast<M>(lr / (1.0 - std::pow(beta1, step[i])));
       bc2_sqrt[i] = static_cast<M>(std::sqrt(1.0 - std::pow(beta2, step[i])));
     }
-    const M decay = static_cast<M>(1.0 - lr * weight_decay);
-    const M w1 = static_cast<M>(1.0 - beta1), b2 = static_cast<M>(beta2), w2 = static_cast<M>(1.0 - beta2);
-    const M e = static_cast<M>(eps);
-    const bool lerp_low = (1.0 - beta1) < 0.5;
+    const fl_optim::AdamScalars<M> base{static_cast<M>(1.0 - lr * weight_decay), static_cast<M>(1.0 - beta1),
+                                        static_cast<M>(beta2), static_cast<M>(1.0 - beta2), static_cast<M>(eps),
+                                        M(0), M(1), (1.0 - beta1) < 0.5, maximize};
+    const fl_optim::ChunkOps<T> ops = fl_optim::ops_for<T>();
+    const auto chunk_fn = amsgrad ? ops.adamw_amsgrad : ops.adamw;
     for_chunks(chunks, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
@@ -174,13 +203,10 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
         T* m = exp_avgs[i].data_ptr<T>() + ch.begin;
         T* v = exp_avg_sqs[i].data_ptr<T>() + ch.begin;
         T* vmax = amsgrad ? max_exp_avg_sqs[i].data_ptr<T>() + ch.begin : nullptr;
-        const M ss = step_size[i], bc2s = bc2_sqrt[i];
-        const int64_t len = ch.end - ch.begin;
-        if (amsgrad) {
-          adamw_chunk<T, M, true>(p, g, m, v, vmax, len, decay, w1, b2, w2, e, ss, bc2s, lerp_low, maximize);
-        } else {
-          adamw_chunk<T, M, false>(p, g, m, v, vmax, len, decay, w1, b2, w2, e, ss, bc2s, lerp_low, maximize);
-        }
+        fl_optim::AdamScalars<M> sc = base;
+        sc.step_size = step_size[i];
+        sc.bc2_sqrt = bc2_sqrt[i];
+        chunk_fn(p, g, m, v, vmax, ch.end - ch.begin, sc);
       }
     });
   });
@@ -207,41 +233,20 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       inv_bc1[i] = bias_correction ? static_cast<M>(1.0 / (1.0 - std::pow(beta1, step[i]))) : M(1);
       inv_bc2[i] = bias_correction ? static_cast<M>(1.0 / (1.0 - std::pow(beta2, step[i]))) : M(1);
     }
-    const M b1 = static_cast<M>(beta1), b2 = static_cast<M>(beta2), w2 = static_cast<M>(1.0 - beta2);
-    const M b3 = grad_averaging ? static_cast<M>(1.0 - beta1) : M(1);
-    const M e = static_cast<M>(eps), wd = static_cast<M>(weight_decay);
-    const M inv_clip = static_cast<M>(1.0 / grad_divisor);
-    const M l2 = adam_w_mode ? M(0) : wd, dec = adam_w_mode ? wd : M(0);
+    const M wd = static_cast<M>(weight_decay);
+    const fl_optim::LambScalars<M> sc{static_cast<M>(1.0 / grad_divisor), adam_w_mode ? M(0) : wd,
+                                      static_cast<M>(beta1), static_cast<M>(beta2),
+                                      grad_averaging ? static_cast<M>(1.0 - beta1) : M(1),
+                                      static_cast<M>(1.0 - beta2), static_cast<M>(eps), adam_w_mode ? wd : M(0)};
+    const fl_optim::ChunkOps<T> ops = fl_optim::ops_for<T>();
     // Stage 1: m, v and the per-chunk squared norms of p and of the update.
     for_chunks(chunks, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
-        const T* p = params[i].const_data_ptr<T>() + ch.begin;
-        const T* g = grads[i].const_data_ptr<T>() + ch.begin;
-        T* m = exp_avgs[i].data_ptr<T>() + ch.begin;
-        T* v = exp_avg_sqs[i].data_ptr<T>() + ch.begin;
-        const M ib1 = inv_bc1[i], ib2 = inv_bc2[i];
-        // Per-chunk sums in the math type (16 fp32 lanes over <= 32K elements: ~1e-6 relative),
-        // then fp64 across chunks.
-        M sp = 0, su = 0;
-        const int64_t len = ch.end - ch.begin;
-#pragma omp simd reduction(+ : sp, su)
-        for (int64_t k = 0; k < len; ++k) {
-          const M pk = static_cast<M>(p[k]);
-          const M gk = static_cast<M>(g[k]) * inv_clip + l2 * pk;
-          const M mk = b1 * static_cast<M>(m[k]) + b3 * gk;
-          const M vk = b2 * static_cast<M>(v[k]) + w2 * gk * gk;
-          const T mt = static_cast<T>(mk), vt = static_cast<T>(vk);
-          m[k] = mt;
-          v[k] = vt;
-          // the update from the stored (rounded) m, v, exactly as stage 2 recomputes it
-          const M u = (static_cast<M>(mt) * ib1) / (std::sqrt(static_cast<M>(vt) * ib2) + e) + dec * pk;
-          sp += pk * pk;
-          su += u * u;
-        }
-        sum_p[c] = sp;
-        sum_u[c] = su;
+        ops.lamb1(params[i].const_data_ptr<T>() + ch.begin, grads[i].const_data_ptr<T>() + ch.begin,
+                  exp_avgs[i].data_ptr<T>() + ch.begin, exp_avg_sqs[i].data_ptr<T>() + ch.begin,
+                  ch.end - ch.begin, sc, inv_bc1[i], inv_bc2[i], &sum_p[c], &sum_u[c]);
       }
     });
     // Per-tensor trust ratio (chunks of a tensor are consecutive; summed in order: deterministic).
@@ -262,17 +267,9 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
-        T* p = params[i].data_ptr<T>() + ch.begin;
-        const T* m = exp_avgs[i].const_data_ptr<T>() + ch.begin;
-        const T* v = exp_avg_sqs[i].const_data_ptr<T>() + ch.begin;
-        const M ib1 = inv_bc1[i], ib2 = inv_bc2[i], slr = step_lr[i];
-        const int64_t len = ch.end - ch.begin;
-#pragma omp simd
-        for (int64_t k = 0; k < len; ++k) {
-          const M pk = static_cast<M>(p[k]);
-          const M u = (static_cast<M>(m[k]) * ib1) / (std::sqrt(static_cast<M>(v[k]) * ib2) + e) + dec * pk;
-          p[k] = static_cast<T>(pk - slr * u);
-        }
+        ops.lamb2(params[i].data_ptr<T>() + ch.begin, exp_avgs[i].const_data_ptr<T>() + ch.begin,
+                  exp_avg_sqs[i].const_data_ptr<T>() + ch.begin, ch.end - ch.begin, sc, inv_bc1[i],
+                  inv_bc2[i], step_lr[i]);
       }
     });
   });
@@ -294,15 +291,7 @@ at::Tensor multi_sumsq(at::TensorList tensors) {
       const Chunk& ch = chunks[c];
       dispatch_param_types(ts[ch.tensor].scalar_type(), "multi_sumsq", [&](auto tag) {
         using T = decltype(tag);
-        const T* x = ts[ch.tensor].const_data_ptr<T>() + ch.begin;
-        double s = 0.0;
-        const int64_t len = ch.end - ch.begin;
-#pragma omp simd reduction(+ : s)
-        for (int64_t k = 0; k < len; ++k) {
-          const double xk = static_cast<double>(static_cast<opmath_t<T>>(x[k]));
-          s += xk * xk;
-        }
-        part[c] = s;
+        part[c] = fl_optim::ops_for<T>().sumsq(ts[ch.tensor].const_data_ptr<T>() + ch.begin, ch.end - ch.begin);
       });
     }
   });
@@ -311,9 +300,13 @@ at::Tensor multi_sumsq(at::TensorList tensors) {
   return out;
 }
 
+// Which ISA copy the optimizer kernels run now ("avx512", "avx2" or "base").
+std::string optim_isa() { return fusionlens::cpu_isa_name(fusionlens::cpu_isa()); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
+  m.def("optim_isa() -> str", &optim_isa);
   m.def("adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, "
         "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool maximize) -> ()");

@@ -8,6 +8,8 @@
 // elementwise ops would make; cos/sin are fp32 [cos_batch, seq, head_dim] with cos_batch 1 or
 // batch (broadcast over heads). Eager writes four full-size intermediates (x*cos, the rotated
 // halves, the cat, *sin) and reads them back; this reads x once and writes the output once.
+// The row loop lives in rope_impl.h, compiled once per instruction set (AVX-512, AVX2+FMA, the
+// build's baseline) and picked at run time (common.h cpu_isa; FUSIONLENS_CPU_ISA lowers it).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -15,69 +17,58 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+
+namespace fl_rope {
+
+// What one call works on: x [B, H, S, D] (any strides, unit last), out contiguous, cos/sin fp32
+// [cos_batch, S, D] (cb: their batch stride, 0 when shared).
+struct RopeArgs {
+  const void* x;
+  void* out;
+  const float *cos, *sin;
+  int64_t H, S, D, sb, sh, ss, cb;
+  bool backward;
+};
+using RowsFn = void (*)(const RopeArgs&, int64_t r0, int64_t r1);
+
+#define FL_ISA_IMPL "rope_impl.h"
+#include "per_isa.h"
+
+// The row loop of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
+template <typename T>
+RowsFn rows_for() {
+#if FL_MULTI_ISA
+  switch (fusionlens::cpu_isa()) {
+    case fusionlens::CpuIsa::avx512: return isa_avx512::rows_fn<T>();
+    case fusionlens::CpuIsa::avx2: return isa_avx2::rows_fn<T>();
+    default: break;
+  }
+#endif
+  return isa_base::rows_fn<T>();
+}
+
+}  // namespace fl_rope
 
 namespace {
-
-// fp32 <-> storage dtype, a span at a time (vectorized bf16 bit ops / F16C), from common.h.
-template <typename T>
-inline void load_f(const T* src, float* dst, int64_t n) { fusionlens::to_float<T>(src, dst, n); }
-template <typename T>
-inline void store_f(const float* src, T* dst, int64_t n) { fusionlens::from_float<T>(src, dst, n); }
-
-// One row of head_dim = 2 * h, forward or backward (the transposed rotation).
-inline void rotate_fwd(const float* __restrict x1, const float* __restrict x2, const float* __restrict c,
-                       const float* __restrict s, float* __restrict o1, float* __restrict o2, int64_t h) {
-#pragma omp simd
-  for (int64_t j = 0; j < h; ++j) {
-    o1[j] = x1[j] * c[j] - x2[j] * s[j];
-    o2[j] = x2[j] * c[h + j] + x1[j] * s[h + j];
-  }
-}
-
-inline void rotate_bwd(const float* __restrict g1, const float* __restrict g2, const float* __restrict c,
-                       const float* __restrict s, float* __restrict o1, float* __restrict o2, int64_t h) {
-#pragma omp simd
-  for (int64_t j = 0; j < h; ++j) {
-    o1[j] = g1[j] * c[j] + g2[j] * s[h + j];
-    o2[j] = g2[j] * c[h + j] - g1[j] * s[j];
-  }
-}
 
 template <typename T>
 void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
                bool backward) {
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), h = D / 2;
-  const int64_t sb = x.stride(0), sh = x.stride(1), ss = x.stride(2);
-  const int64_t cb = cos.size(0) == 1 ? 0 : S * D;  // cos/sin batch stride (0: shared)
-  const T* xp = x.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
-  const int64_t rows = B * H * S;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / D), [&](int64_t b0, int64_t e0) {
-    std::vector<float> buf(std::is_same_v<T, float> ? 0 : 2 * D);
-    for (int64_t r = b0; r < e0; ++r) {
-      const int64_t s_i = r % S, bh = r / S, h_i = bh % H, b_i = bh / H;
-      const T* xr = xp + b_i * sb + h_i * sh + s_i * ss;
-      T* orow = op + r * D;  // out is contiguous [B, H, S, D]
-      const float* c = cp + b_i * cb + s_i * D;
-      const float* sn = sp + b_i * cb + s_i * D;
-      if constexpr (std::is_same_v<T, float>) {
-        if (backward) rotate_bwd(xr, xr + h, c, sn, orow, orow + h, h);
-        else rotate_fwd(xr, xr + h, c, sn, orow, orow + h, h);
-      } else {
-        float* in = buf.data();
-        float* o = buf.data() + D;
-        load_f(xr, in, D);
-        if (backward) rotate_bwd(in, in + h, c, sn, o, o + h, h);
-        else rotate_fwd(in, in + h, c, sn, o, o + h, h);
-        store_f(o, orow, D);
-      }
-    }
-  });
+  const int64_t S = x.size(2), D = x.size(3);
+  const fl_rope::RopeArgs a{x.data_ptr<T>(), out.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                            x.size(1), S, D, x.stride(0), x.stride(1), x.stride(2),
+                            cos.size(0) == 1 ? 0 : S * D, backward};
+  const fl_rope::RowsFn rows = fl_rope::rows_for<T>();
+  at::parallel_for(0, x.size(0) * x.size(1) * S, std::max<int64_t>(1, 8192 / D),
+                   [&](int64_t b0, int64_t e0) { rows(a, b0, e0); });
 }
 
 void rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor out,
@@ -100,9 +91,13 @@ void rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                      AT_DISPATCH_CASE(at::kHalf, [&] { rope_impl<scalar_t>(x, cos, sin, out, backward); }));
 }
 
+// Which ISA copy the rope kernels run now ("avx512", "avx2" or "base").
+std::string rope_isa() { return fusionlens::cpu_isa_name(fusionlens::cpu_isa()); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
+  m.def("rope_isa() -> str", &rope_isa);
   m.def("rope_apply(Tensor x, Tensor cos, Tensor sin, Tensor(a!) out, bool backward) -> ()");
 }
 

@@ -1,0 +1,135 @@
+// The per-row loops of kernels/csrc/cross_entropy.cpp, included there once per instruction set
+// (AVX-512, AVX2+FMA, the build's baseline) inside `#pragma GCC target` and a namespace of its
+// own (see per_isa.h), so they vectorize at full width on any x86-64 without -march=native.
+// No include guard: included several times on purpose. Needs common.h (exp_nonpos) and
+// cross_entropy.cpp's RowStats / RowOps declared before the includes.
+//
+// Without -ffast-math GCC keeps a sum's order, so the reductions are written in vector form:
+// max(x) and sum(x) with four native-width accumulators each (GCC vector extensions: one pass at
+// load throughput, not at the latency of one add chain), sum(exp(x - max)) as an `omp simd`
+// reduction (the exp's ~20 operations per vector hide the add latency). The lanes are combined in
+// a fixed order, so results do not depend on the thread count. exp is common.h's exp_nonpos (the
+// arguments x - max and x - lse are <= 0): integer selects and multiply-adds only, so it
+// vectorizes in every copy (the old fast_expf needed std::floor, a library call below SSE4.1).
+// The row functions are `flatten`: GCC's size heuristics otherwise left exp_nonpos as a scalar
+// call inside the AVX2 and baseline loops (seen in objdump), which cannot vectorize.
+
+#include "convert_impl.h"
+
+#if FL_ISA >= 512
+constexpr int kW = 16;  // floats per native vector
+#elif FL_ISA >= 256
+constexpr int kW = 8;
+#else
+constexpr int kW = 4;
+#endif
+typedef float vf __attribute__((vector_size(kW * sizeof(float))));
+
+inline vf ld(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// max(m, v) per lane, NaN lanes of v ignored (as the scalar `v > m ? v : m`).
+inline vf vmax(vf m, vf v) { return v > m ? v : m; }
+
+// max and sum of a row (n >= 0; max of an empty row is -inf).
+inline void row_max_sum(const float* x, int64_t n, float* max_out, float* sum_out) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  vf m0 = vf{} + ninf, m1 = m0, m2 = m0, m3 = m0;
+  vf s0 = {}, s1 = {}, s2 = {}, s3 = {};
+  int64_t j = 0;
+  for (; j + 4 * kW <= n; j += 4 * kW) {
+    const vf a = ld(x + j), b = ld(x + j + kW), c = ld(x + j + 2 * kW), d = ld(x + j + 3 * kW);
+    m0 = vmax(m0, a), m1 = vmax(m1, b), m2 = vmax(m2, c), m3 = vmax(m3, d);
+    s0 += a, s1 += b, s2 += c, s3 += d;
+  }
+  for (; j + kW <= n; j += kW) {
+    const vf a = ld(x + j);
+    m0 = vmax(m0, a), s0 += a;
+  }
+  const vf m = vmax(vmax(m0, m1), vmax(m2, m3)), s = (s0 + s1) + (s2 + s3);
+  float mt = ninf, lanes[kW];
+  for (int k = 0; k < kW; ++k) mt = m[k] > mt ? m[k] : mt;
+  std::memcpy(lanes, &s, sizeof(s));
+  for (int h = kW / 2; h > 0; h /= 2)  // lanes summed as a tree, in a fixed order
+    for (int k = 0; k < h; ++k) lanes[k] += lanes[k + h];
+  float st = lanes[0];
+  for (; j < n; ++j) {
+    mt = x[j] > mt ? x[j] : mt;
+    st += x[j];
+  }
+  *max_out = mt;
+  *sum_out = st;
+}
+
+// sum(exp(x - m)), m >= every x (a NaN x makes it NaN; m = -inf, an all -inf row, gives NaN).
+__attribute__((flatten)) inline float row_exp_sum(const float* __restrict x, int64_t n, float m) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) s += fusionlens::exp_nonpos(x[j] - m);
+  return s;
+}
+
+// Loss and log-sum-exp of one float row; eps = label smoothing.
+__attribute__((flatten)) inline RowStats row_forward(const float* x, int64_t V, int64_t t, float eps) {
+  float m, sum_x;
+  row_max_sum(x, V, &m, &sum_x);
+  // A NaN anywhere makes s NaN (exp(NaN) = NaN), so the loss is NaN, as in the reference.
+  const float lse = m + std::log(row_exp_sum(x, V, m));
+  float loss = lse - (1.0f - eps) * x[t];
+  if (eps != 0.0f) loss -= eps * (sum_x / static_cast<float>(V));
+  return {lse, loss};
+}
+
+// g * dloss/dx of one row into out (may alias x: each element is read before it is written).
+__attribute__((flatten)) inline void row_grad(const float* x, float* out, int64_t V, int64_t t, float lse, float eps, float g) {
+  const float smooth = g * eps / static_cast<float>(V);
+  const float xt = x[t];
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) out[j] = g * fusionlens::exp_nonpos(x[j] - lse) - smooth;
+  out[t] = g * fusionlens::exp_nonpos(xt - lse) - smooth - g * (1.0f - eps);
+}
+
+// The three row operations on rows of T (`buf`, `buf2`: V floats each, unused for float).
+template <typename T>
+RowStats forward_row(const T* xr, float* buf, int64_t V, int64_t t, float eps) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row_forward(xr, V, t, eps);
+  } else {
+    load_f32<T>(xr, buf, V);
+    return row_forward(buf, V, t, eps);
+  }
+}
+
+template <typename T>
+void backward_row(const T* xr, T* dst, float* buf, float* buf2, int64_t V, int64_t t, float lse, float eps,
+                  float g) {
+  if constexpr (std::is_same_v<T, float>) {
+    row_grad(xr, dst, V, t, lse, eps, g);
+  } else {
+    load_f32<T>(xr, buf, V);
+    row_grad(buf, buf2, V, t, lse, eps, g);
+    store_f32<T>(buf2, dst, V);
+  }
+}
+
+// Forward and backward of one row in place (x is overwritten with grad_scale * dloss/dx).
+template <typename T>
+float fused_row(T* x, float* buf, int64_t V, int64_t t, float eps, float grad_scale) {
+  float* row;
+  if constexpr (std::is_same_v<T, float>) {
+    row = x;
+  } else {
+    load_f32<T>(x, buf, V);
+    row = buf;
+  }
+  const RowStats st = row_forward(row, V, t, eps);
+  row_grad(row, row, V, t, st.lse, eps, grad_scale);
+  if constexpr (!std::is_same_v<T, float>) store_f32<T>(row, x, V);
+  return st.loss;
+}
+
+template <typename T>
+RowOps<T> row_ops() { return {&forward_row<T>, &backward_row<T>, &fused_row<T>}; }
