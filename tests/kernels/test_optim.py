@@ -327,3 +327,38 @@ def test_cuda_triton_optimizers_match() -> None:
 
     for _, check in gpu_checks("cuda"):
         check()
+
+
+ISA_ORDER = ["base", "avx2", "avx512"]
+# 1001 and 65-wide rows leave tails after every vector width; 40000 spans two 32768-element chunks
+ISA_SHAPES = ((), (7, 3), (1001,), (64, 65), (40000,))
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "base"])
+def test_every_instruction_set_copy_matches_over_100_steps(isa: str, monkeypatch) -> None:
+    """optim.cpp compiles its chunk loops once per instruction set, picked at run time;
+    FUSIONLENS_CPU_ISA lowers the pick, so every copy this CPU can run steps 100 times here:
+    AdamW (plain and AMSGrad) vs torch.optim.AdamW, LAMB (with global clipping, so multi_sumsq
+    runs too) vs the float64 LAMB, fp32 and bf16, each judged by eager's own error vs float64."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+    kernels.available_providers()
+    assert ISA_ORDER.index(torch.ops.fusionlens.optim_isa()) <= ISA_ORDER.index(isa)
+    p0, names = initial(ISA_SHAPES), [str(s) for s in ISA_SHAPES]
+    seq = grad_sequence(ISA_SHAPES)
+    for amsgrad in (False, True):
+        hp = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, amsgrad=amsgrad)
+        truth = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, torch.float64)
+        for dtype in (torch.float32, torch.bfloat16):
+            ours = run(lambda ps: AdamW(ps, provider="cpu", **hp), p0, seq, dtype)
+            eager = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, dtype)
+            assert_matches(ours, eager, truth, dtype, names=names)
+    hp = dict(lr=2e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0, use_nvlamb=False)
+    seq = grad_sequence(ISA_SHAPES, scale=3.0)
+    truth = lamb_float64([p.clone() for p in p0], seq, **hp)
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = run(lambda ps: LAMB(ps, provider="cpu", **hp), p0, seq, dtype)
+        eager = run(lambda ps: LAMB(ps, provider="reference", **hp), p0, seq, dtype)
+        assert_matches(ours, eager, truth, dtype, names=names)
+        if dtype == torch.float32:
+            for o, t in zip(ours, truth):
+                assert torch.allclose(o.double(), t, rtol=1e-4, atol=1e-5)

@@ -163,3 +163,23 @@ def test_cuda_triton_rope_real_sizes() -> None:
 
     for _, check in gpu_checks("cuda"):
         check()
+
+
+ISA_ORDER = ["base", "avx2", "avx512"]
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "base"])
+def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> None:
+    """rope.cpp compiles its row loop once per instruction set, picked at run time;
+    FUSIONLENS_CPU_ISA lowers the pick, so every copy this CPU can run is checked here. Half head
+    dims of 17, 41 and 2049 leave tails after every vector width (4, 8, 16 floats) and after the
+    8-wide fp16 conversions; fp16 runs the F16C path in the AVX2/AVX-512 copies."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+    kernels.rope(*qk(1, 1, 1, 1, 2, torch.float32), *tables(1, 2, torch.float32), provider="cpu")
+    assert ISA_ORDER.index(torch.ops.fusionlens.rope_isa()) <= ISA_ORDER.index(isa)
+    for dtype in DTYPES:
+        for b, hq, hk, s, d in [(2, 3, 1, 5, 34), (1, 2, 2, 3, 82), (1, 1, 1, 2, 4098)]:
+            q, k = qk(b, hq, hk, s, d, dtype, transposed=True)
+            check("cpu", q, k, *tables(s, d, dtype, batch=b), dtype)
+    q, k = qk(1, 2, 2, 3, 34, torch.float32)
+    check("cpu", with_nonfinite(q), k, *tables(3, 34, torch.float32), torch.float32)
