@@ -6,7 +6,8 @@ Not a bench_kernels family (no `cases`): run it directly,
     .venv/bin/python benchmarks/kernels/norms_ab.py [--rev e66a811] [--threads 1] [--rounds 11]
         [--shapes 4096x768,4096x4096] [--dtypes float32,bfloat16] [--csv kernels.csv]
 
-The old source is extracted with `git show REV:kernels/csrc/norms.cpp`, its ops renamed to
+The old source is extracted with `git show REV:kernels/csrc/norms.cpp` (and the csrc headers at
+REV, so the old .cpp never compiles against the working tree's headers), its ops renamed to
 `fusionlens_before::*`, and built alone (same flags as kernels/_build.py) under
 benchmarks/.cache/; the new ops are the project's extension. Both see the same inputs, so the
 per-round ratio before/after cancels most of the machine's load swings. Rows (benchmark
@@ -35,17 +36,29 @@ def load_old(rev: str) -> object:
 
     from kernels._build import CFLAGS, LDFLAGS
 
-    src = subprocess.run(["git", "show", f"{rev}:kernels/csrc/norms.cpp"], cwd=ROOT, text=True,
-                         capture_output=True, check=True).stdout
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, text=True, capture_output=True,
+                              check=True).stdout
+
+    src = show("kernels/csrc/norms.cpp")
     src = src.replace("TORCH_LIBRARY_FRAGMENT(fusionlens,", "TORCH_LIBRARY_FRAGMENT(fusionlens_before,")
     src = src.replace("TORCH_LIBRARY_IMPL(fusionlens,", "TORCH_LIBRARY_IMPL(fusionlens_before,")
     build = ROOT / "benchmarks" / ".cache" / f"norms_ab_{rev}"
-    build.mkdir(parents=True, exist_ok=True)
+    (build / "include").mkdir(parents=True, exist_ok=True)
+    # The headers norms.cpp includes (norms_impl.h, per_isa.h, common.h) at the same revision, so
+    # "before" is the old code throughout, not the old .cpp over the working tree's headers.
+    listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "kernels/csrc/"], cwd=ROOT, text=True,
+                            capture_output=True, check=True).stdout.split()
+    for header in (h for h in listed if h.endswith(".h")):
+        dst = build / "include" / Path(header).name
+        text = show(header)
+        if not dst.exists() or dst.read_text() != text:
+            dst.write_text(text)
     path = build / "norms_before.cpp"
     if not path.exists() or path.read_text() != src:
         path.write_text(src)
     cpp_extension.load(name=f"fl_norms_before_{rev}", sources=[str(path)], extra_cflags=CFLAGS,
-                       extra_ldflags=LDFLAGS, extra_include_paths=[str(ROOT / "kernels" / "csrc")],
+                       extra_ldflags=LDFLAGS, extra_include_paths=[str(build / "include")],
                        build_directory=str(build), is_python_module=False)
     return torch.ops.fusionlens_before
 

@@ -280,6 +280,24 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
   }
 }
 
+// ---------------------------------------------------------------- prefetch
+// LayerNorm rows are processed in passes: the first streams the row from memory, the later ones
+// run from L1/L2. During those the hardware prefetchers see no misses and memory idles, so the
+// later passes prefetch the next row (software prefetch into L2, locality 2: into L1 it evicted
+// the rows being worked on at N = 4096). Measured (benchmarks/results/kernels_norms_cpu.md, 1
+// thread): 1 row ahead beat 0, 2 and 4 rows, and L2 beat L1, at 4096x768 and 4096x4096.
+constexpr int64_t kPrefetchRows = 1;
+constexpr int64_t kPrefetchSpan = 64;  // columns per batch of prefetches
+
+// Prefetch the bytes of `row` (a T row or null) under columns [j, j + len) of a row of T.
+template <typename T>
+inline void prefetch_cols(const T* row, int64_t j, int64_t len) {
+  if (!row) return;
+  const char* p = reinterpret_cast<const char*>(row + j);
+  const int64_t bytes = len * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+}
+
 // ---------------------------------------------------------------- LayerNorm
 template <typename T>
 void ln_fwd(const LnFwd& a) {
@@ -302,12 +320,20 @@ void ln_fwd(const LnFwd& a) {
       const float r = 1.0f / std::sqrt(row_sq_dev(xr, n, mu) * inv_n + static_cast<float>(a.eps));
       a.mean[i] = mu;
       a.rstd[i] = r;
+      const int64_t ip = i + kPrefetchRows;
+      const T* nx = ip < end ? xp + ip * n : nullptr;
+      const T* nr = ip < end && rp ? rp + ip * n : nullptr;
       for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // column tiles: tile, x/w/b slices stay in L1
         const int64_t len = std::min(kTile, n - j0);
         const float *xt = xr + j0, *wt = wv + j0, *bt = bv + j0;
         float* yt = tile_for<T>(yp + i * n + j0, tile, stream);
+        for (int64_t k0 = 0; k0 < len; k0 += kPrefetchSpan) {
+          const int64_t k1 = std::min(len, k0 + kPrefetchSpan);
+          prefetch_cols<T>(nx, j0 + k0, k1 - k0);
+          prefetch_cols<T>(nr, j0 + k0, k1 - k0);
 #pragma omp simd
-        for (int64_t j = 0; j < len; ++j) yt[j] = (xt[j] - mu) * r * wt[j] + bt[j];
+          for (int64_t j = k0; j < k1; ++j) yt[j] = (xt[j] - mu) * r * wt[j] + bt[j];
+        }
         commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
       }
     }
@@ -315,8 +341,8 @@ void ln_fwd(const LnFwd& a) {
   });
 }
 
-// ---------------------------------------------------------------- backward, in blocks of rows
-// The backward passes run on blocks of kRows rows, so the chunk's weight/bias gradient partials
+// ---------------------------------------------------------------- RMSNorm backward, in blocks of rows
+// The RMSNorm backward runs on blocks of kRows rows, so the chunk's weight/bias gradient partials
 // (and the weight) are loaded and stored once per block instead of once per row. Rows are added
 // to the partials in row order, as a row-at-a-time loop would.
 constexpr int kRows = 4;
@@ -330,42 +356,6 @@ struct BRow {
   float* dx;
   float mu, r, c1, c2;
 };
-
-// LayerNorm: xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) + a; pw += dy * xhat; pb += dy.
-template <int R, bool A>
-inline void ln_bwd_block(const BRow* q, float* pw, float* pb, int64_t n) {
-  const float *x[R], *dy[R], *g[R], *ad[R];
-  float* dx[R];
-  float mu[R], r[R], c1[R], c2[R];
-  for (int k = 0; k < R; ++k) {  // locals: no store below can alias them
-    x[k] = q[k].x, dy[k] = q[k].dy, g[k] = q[k].g, ad[k] = q[k].a, dx[k] = q[k].dx;
-    mu[k] = q[k].mu, r[k] = q[k].r, c1[k] = q[k].c1, c2[k] = q[k].c2;
-  }
-  int64_t j = 0;
-  for (; j + kW <= n; j += kW) {
-    vf sw = ld(pw + j), sb = ld(pb + j);
-    for (int k = 0; k < R; ++k) {
-      const vf xh = (ld(x[k] + j) - mu[k]) * r[k], d = ld(dy[k] + j);
-      vf o = r[k] * (ld(g[k] + j) - c2[k] - xh * c1[k]);
-      if constexpr (A) o += ld(ad[k] + j);
-      st(dx[k] + j, o);
-      sw += d * xh;
-      sb += d;
-    }
-    st(pw + j, sw);
-    st(pb + j, sb);
-  }
-  for (; j < n; ++j) {
-    for (int k = 0; k < R; ++k) {
-      const float xh = (x[k][j] - mu[k]) * r[k];
-      float o = r[k] * (g[k][j] - c2[k] - xh * c1[k]);
-      if constexpr (A) o += ad[k][j];
-      dx[k][j] = o;
-      pw[j] += dy[k][j] * xh;
-      pb[j] += dy[k][j];
-    }
-  }
-}
 
 // RMSNorm: dx = r * (dy * w - x * c1) + a; pw += dy * x * r, or pw += dy * g (NH: rounded n_hat).
 template <int R, bool A, bool NH>
@@ -404,6 +394,41 @@ inline void rms_bwd_block(const BRow* q, const float* w, float* pw, int64_t n) {
   }
 }
 
+// ---------------------------------------------------------------- LayerNorm backward
+// One row at a time, like ATen's kernel: pass 1 streams x and dy from memory and reduces them (g =
+// dy * w kept in L1), pass 2 reads x, dy, g and the chunk's dw/db partials from L1 (at N = 768:
+// 5 rows of 3 KB + 2 partials) and writes dx, while it prefetches the next row. (Blocks of 4 rows,
+// as RMSNorm still does, save loads of the partials but their 4 x 4 rows spill L1 to L2 at N = 768;
+// measured 1.3-1.6x slower at 4096x768, see kernels_norms_cpu.md.)
+// Pass 2 of one row. xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) [+ da];
+// pw += dy * xhat; pb += dy. nx, ndy: rows to prefetch (null: none).
+template <typename T, bool A>
+inline void ln_bwd_row(const float* x, const float* dy, const float* g, const float* da, float* dx, float* pw,
+                       float* pb, float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy) {
+  for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
+    const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
+    prefetch_cols<T>(nx, j0, j1 - j0);
+    prefetch_cols<T>(ndy, j0, j1 - j0);
+    int64_t j = j0;
+    for (; j + kW <= j1; j += kW) {
+      const vf xh = (ld(x + j) - mu) * r, d = ld(dy + j);
+      vf o = r * (ld(g + j) - c2 - xh * c1);
+      if constexpr (A) o += ld(da + j);
+      st(dx + j, o);
+      st(pw + j, ld(pw + j) + d * xh);
+      st(pb + j, ld(pb + j) + d);
+    }
+    for (; j < j1; ++j) {
+      const float xh = (x[j] - mu) * r;
+      float o = r * (g[j] - c2 - xh * c1);
+      if constexpr (A) o += da[j];
+      dx[j] = o;
+      pw[j] += dy[j] * xh;
+      pb[j] += dy[j];
+    }
+  }
+}
+
 template <typename T>
 void ln_bwd(const LnBwd& a) {
   const int64_t m = a.m, n = a.n;
@@ -418,40 +443,35 @@ void ln_bwd(const LnBwd& a) {
   const float* wv = a.w ? a.w : ones.data();
   const bool stream = a.stream;
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    // Per thread: per block row x, dy, dadd (16-bit inputs), g = dy * w, dx tile; scratch
-    // partials for grads nobody asked for.
-    Scratch<T> sc(kRows * 5 * n + 2 * n, std::is_same_v<T, float> && !stream ? 0 : n);
-    float* sw = sc.f.data() + kRows * 5 * n;
-    float* sb = sw + n;
-    BRow q[kRows];
+    // Per thread: x, dy, dadd as float (16-bit inputs), g = dy * w, the dx tile (16-bit or
+    // streamed), and scratch partials for grads nobody asked for.
+    Scratch<T> sc(7 * n, std::is_same_v<T, float> && !stream ? 0 : n);
+    float *xb = sc.f.data(), *dyb = xb + n, *dab = xb + 2 * n, *g = xb + 3 * n, *dxb = xb + 4 * n;
+    float *sw = xb + 5 * n, *sb = xb + 6 * n;
     for (int64_t c = cbegin; c < cend; ++c) {
       float* pw = a.dw ? dw_part.data() + c * n : sw;
       float* pb = a.db ? db_part.data() + c * n : sb;
-      auto prep = [&](int64_t k, int64_t i, float* base) {
-        BRow& row = q[k];
-        row.x = as_f32<T>(xp + i * n, base, n);
-        row.dy = as_f32<T>(dyp + i * n, base + n, n);
-        row.a = dap ? as_f32<T>(dap + i * n, base + 2 * n, n) : nullptr;
-        row.mu = a.mean[i], row.r = a.rstd[i];
+      const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* x = as_f32<T>(xp + i * n, xb, n);
+        const float* dy = as_f32<T>(dyp + i * n, dyb, n);
+        const float* da = dap ? as_f32<T>(dap + i * n, dab, n) : nullptr;
+        const float mu = a.mean[i], r = a.rstd[i];
         // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
         // where it should be (e.g. N = 1) even when the compiler contracts into FMAs.
         float s_gx, s_g;
-        row_ln_bwd_sums(row.dy, wv, row.x, row.mu, base + 3 * n, n, &s_gx, &s_g);
-        row.g = base + 3 * n;
-        row.c1 = s_gx * row.r * inv_n, row.c2 = s_g * inv_n;
-        row.dx = tile_for<T>(dxp + i * n, base + 4 * n, stream);
-      };
-      const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
-      for (int64_t i = i0; i < i1; i += kRows) {
-        const int64_t rows = std::min<int64_t>(kRows, i1 - i);
-        for (int64_t k = 0; k < rows; ++k) prep(k, i + k, sc.f.data() + k * 5 * n);
-        if (rows == kRows) {
-          dap ? ln_bwd_block<kRows, true>(q, pw, pb, n) : ln_bwd_block<kRows, false>(q, pw, pb, n);
+        row_ln_bwd_sums(dy, wv, x, mu, g, n, &s_gx, &s_g);
+        const float c1 = s_gx * r * inv_n, c2 = s_g * inv_n;
+        const int64_t ip = i + kPrefetchRows;
+        const T* nx = ip < i1 ? xp + ip * n : nullptr;
+        const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
+        float* dx = tile_for<T>(dxp + i * n, dxb, stream);
+        if (dap) {
+          ln_bwd_row<T, true>(x, dy, g, da, dx, pw, pb, mu, r, c1, c2, n, nx, ndy);
         } else {
-          for (int64_t k = 0; k < rows; ++k)
-            dap ? ln_bwd_block<1, true>(q + k, pw, pb, n) : ln_bwd_block<1, false>(q + k, pw, pb, n);
+          ln_bwd_row<T, false>(x, dy, g, da, dx, pw, pb, mu, r, c1, c2, n, nx, ndy);
         }
-        for (int64_t k = 0; k < rows; ++k) commit<T>(q[k].dx, dxp + (i + k) * n, n, stream, sc.t.data());
+        commit<T>(dx, dxp + i * n, n, stream, sc.t.data());
       }
     }
     if (stream) fence();
