@@ -9,7 +9,8 @@ input), the variants are:
   eagerly in front for bias_gelu (ATen has no fused bias + GELU on CPU);
 - ours: provider="cpu"; and torch.compile of the naive composition (added by the driver);
 - for GELU forward also aten_out / ours_out: the two kernels writing a preallocated output.
-FL_BENCH_QUICK=1 uses 1024 x 768 only.
+FL_BENCH_QUICK=1 uses 1024 x 768 only; FL_BENCH_ACTIVATIONS=bias_gelu,geglu and FL_BENCH_SHAPES=4096x3072
+pick kernels / shapes.
 """
 from __future__ import annotations
 
@@ -140,6 +141,9 @@ def cases(threads: int) -> list[dict]:
     wanted = os.environ.get("FL_BENCH_ACTIVATIONS")
     if wanted:
         plan = [p for p in plan if p[0] in wanted.split(",")]
+    shapes = os.environ.get("FL_BENCH_SHAPES")  # e.g. "4096x3072"
+    if shapes:
+        plan = [p for p in plan if f"{p[2]}x{p[3]}" in shapes.split(",")]
     return [_case(k, a, m, n, dt, bwd) for (k, a, m, n) in plan for dt in dtypes for bwd in (False, True)]
 
 

@@ -6,6 +6,7 @@ Contract: `benchmarks/kernels/__init__.py` (`cases(threads)`, driven by bench_ke
   (F.cross_entropy), ours (provider="cpu"), torch.compile of the reference (by the driver).
 - fused_linear_cross_entropy, x 4096 x 768, W 32000 x 768 (+ bias), fwd+bwd: naive
   (F.linear + F.cross_entropy, the full logits), ours (chunked, provider="cpu").
+FL_BENCH_CE=ce or =flce runs only those cases.
 
 Peak memory is not a timing, so it has its own entry point, each variant in a fresh process
 (peak RSS above the post-setup baseline, `benchmarks/kernels/memory_probe.py`):
@@ -97,9 +98,11 @@ def _flce_case(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.f
 
 
 def cases(threads: int) -> list[dict]:
+    """FL_BENCH_CE=ce,flce picks the cross_entropy and/or fused linear + CE cases (default both)."""
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
     n = 1024 if quick else 4096
-    return _ce_cases(n) + [_flce_case(n)]
+    wanted = os.environ.get("FL_BENCH_CE", "ce,flce").split(",")
+    return (_ce_cases(n) if "ce" in wanted else []) + ([_flce_case(n)] if "flce" in wanted else [])
 
 
 def gpu_cases(device: str = "cuda") -> list[dict]:
