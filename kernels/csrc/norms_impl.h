@@ -25,6 +25,97 @@ inline vf ld(const float* p) {
   return v;
 }
 
+inline void st(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// kW elements of T <-> one float vector, converted in registers, so a 16-bit row is read and
+// written by the loops that use it (no separate conversion pass through a float buffer). bf16:
+// round to nearest even, NaN kept NaN, bit for bit as float_to_bf16_bits; fp16: F16C.
+typedef uint32_t vu __attribute__((vector_size(kW * sizeof(uint32_t))));
+typedef uint16_t vh __attribute__((vector_size(kW * sizeof(uint16_t))));
+
+template <typename T>
+inline vf ldv(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return ld(p);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    vf f;
+#if FL_ISA >= 512
+    const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+#elif FL_ISA >= 256
+    const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+#else
+    vh h;
+    std::memcpy(&h, p, sizeof(h));
+    const vu u = __builtin_convertvector(h, vu) << 16;
+#endif
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  } else {
+    vf f;
+#if FL_ISA >= 512
+    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    std::memcpy(&f, &v, sizeof(f));
+#elif FL_ISA >= 256
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    std::memcpy(&f, &v, sizeof(f));
+#else
+    for (int k = 0; k < kW; ++k) f[k] = static_cast<float>(p[k]);
+#endif
+    return f;
+  }
+}
+
+template <typename T>
+inline void stv(T* p, vf v) {
+  if constexpr (std::is_same_v<T, float>) {
+    st(p, v);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    vu u;
+    std::memcpy(&u, &v, sizeof(u));
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu nan = reinterpret_cast<vu>((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+    const vu bits = (rounded & ~nan) | (((u >> 16) | 0x40u) & nan);  // each < 2^16
+#if FL_ISA >= 512
+    __m512i b;
+    std::memcpy(&b, &bits, sizeof(b));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(b));
+#elif FL_ISA >= 256
+    __m256i b;
+    std::memcpy(&b, &bits, sizeof(b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+#else
+    const vh h = __builtin_convertvector(bits, vh);
+    std::memcpy(p, &h, sizeof(h));
+#endif
+  } else {
+    float t[kW];
+    std::memcpy(t, &v, sizeof(v));
+#if FL_ISA >= 512
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(_mm512_loadu_ps(t), _MM_FROUND_TO_NEAREST_INT));
+#elif FL_ISA >= 256
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(_mm256_loadu_ps(t), _MM_FROUND_TO_NEAREST_INT));
+#else
+    for (int k = 0; k < kW; ++k) p[k] = static_cast<c10::Half>(t[k]);
+#endif
+  }
+}
+
+// One element, as ldv/stv round it.
+template <typename T>
+inline float ld1(const T* p) {
+  return static_cast<float>(*p);
+}
+
+template <typename T>
+inline void st1(T* p, float v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    *reinterpret_cast<uint16_t*>(p) = float_to_bf16_bits(v);
+  } else {
+    *p = static_cast<T>(v);
+  }
+}
+
 // Lanes summed as a tree (log2(kW) dependent adds, in a fixed order) even without -ffast-math.
 inline float hsum(vf v) {
   float t[kW];
@@ -34,33 +125,36 @@ inline float hsum(vf v) {
   return t[0];
 }
 
-// sum(x)
-inline float row_sum(const float* x, int64_t n) {
+// sum(x), x a row of float or of a 16-bit type (converted in registers)
+template <typename S>
+inline float row_sum(const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
   for (; j + 4 * kW <= n; j += 4 * kW) {
-    a0 += ld(x + j), a1 += ld(x + j + kW), a2 += ld(x + j + 2 * kW), a3 += ld(x + j + 3 * kW);
+    a0 += ldv(x + j), a1 += ldv(x + j + kW), a2 += ldv(x + j + 2 * kW), a3 += ldv(x + j + 3 * kW);
   }
-  for (; j + kW <= n; j += kW) a0 += ld(x + j);
+  for (; j + kW <= n; j += kW) a0 += ldv(x + j);
   float t = hsum((a0 + a1) + (a2 + a3));
-  for (; j < n; ++j) t += x[j];
+  for (; j < n; ++j) t += ld1(x + j);
   return t;
 }
 
 // sum((x - mu)^2)
-inline float row_sq_dev(const float* x, int64_t n, float mu) {
+template <typename S>
+inline float row_sq_dev(const S* x, int64_t n, float mu) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
   for (; j + 4 * kW <= n; j += 4 * kW) {
-    const vf d0 = ld(x + j) - mu, d1 = ld(x + j + kW) - mu, d2 = ld(x + j + 2 * kW) - mu, d3 = ld(x + j + 3 * kW) - mu;
+    const vf d0 = ldv(x + j) - mu, d1 = ldv(x + j + kW) - mu, d2 = ldv(x + j + 2 * kW) - mu,
+             d3 = ldv(x + j + 3 * kW) - mu;
     a0 += d0 * d0, a1 += d1 * d1, a2 += d2 * d2, a3 += d3 * d3;
   }
   for (; j + kW <= n; j += kW) {
-    const vf d = ld(x + j) - mu;
+    const vf d = ldv(x + j) - mu;
     a0 += d * d;
   }
   float t = hsum((a0 + a1) + (a2 + a3));
-  for (; j < n; ++j) t += (x[j] - mu) * (x[j] - mu);
+  for (; j < n; ++j) t += (ld1(x + j) - mu) * (ld1(x + j) - mu);
   return t;
 }
 
@@ -101,21 +195,22 @@ inline float row_sumsq(const float* x, int64_t n) {
 }
 
 // g = dy * w (stored, rounded once), returns {sum(g * (x - mu)), sum(g)}.
-inline void row_ln_bwd_sums(const float* dy, const float* w, const float* x, float mu, float* g, int64_t n,
+template <typename S>
+inline void row_ln_bwd_sums(const S* dy, const float* w, const S* x, float mu, float* g, int64_t n,
                             float* s_gx, float* s_g) {
   vf a0 = {}, a1 = {}, b0 = {}, b1 = {};
   int64_t j = 0;
   for (; j + 2 * kW <= n; j += 2 * kW) {
-    const vf g0 = ld(dy + j) * ld(w + j), g1 = ld(dy + j + kW) * ld(w + j + kW);
+    const vf g0 = ldv(dy + j) * ld(w + j), g1 = ldv(dy + j + kW) * ld(w + j + kW);
     std::memcpy(g + j, &g0, sizeof(g0));
     std::memcpy(g + j + kW, &g1, sizeof(g1));
-    a0 += g0 * (ld(x + j) - mu), a1 += g1 * (ld(x + j + kW) - mu);
+    a0 += g0 * (ldv(x + j) - mu), a1 += g1 * (ldv(x + j + kW) - mu);
     b0 += g0, b1 += g1;
   }
   float ta = hsum(a0 + a1), tb = hsum(b0 + b1);
   for (; j < n; ++j) {
-    g[j] = dy[j] * w[j];
-    ta += g[j] * (x[j] - mu);
+    g[j] = ld1(dy + j) * w[j];
+    ta += g[j] * (ld1(x + j) - mu);
     tb += g[j];
   }
   *s_gx = ta, *s_g = tb;
@@ -138,37 +233,19 @@ inline float row_dot3(const float* dy, const float* w, const float* x, int64_t n
 }
 
 // ---------------------------------------------------------------- conversions and stores
+// Bulk conversions of a row (ldv/stv per vector, the same rounding element for element).
 template <typename T>
 inline void load_f32(const T* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(s[i]);
-  } else {
-    int64_t i = 0;
-#if FL_ISA >= 256
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-    for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-  }
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) st(dst + i, ldv(src + i));
+  for (; i < n; ++i) dst[i] = ld1(src + i);
 }
 
 template <typename T>
 inline void store_from_f32(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
-  } else {
-    int64_t i = 0;
-#if FL_ISA >= 256
-    for (; i + 8 <= n; i += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
-  }
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) stv(dst + i, ld(src + i));
+  for (; i < n; ++i) st1(dst + i, src[i]);
 }
 
 // A row as float: the row itself for float, else converted into buf.
@@ -299,6 +376,22 @@ inline void prefetch_cols(const T* row, int64_t j, int64_t len) {
 }
 
 // ---------------------------------------------------------------- LayerNorm
+// y = (x - mu) * r * w + b over columns [0, n) of a row: x of type S (float, or T read and
+// converted in registers), y stored as D (T directly, or a float tile to be streamed out), while
+// the next row (nx, and the residual nr) is prefetched.
+template <typename S, typename D, typename T>
+inline void ln_out_row(const S* x, D* y, const float* w, const float* b, float mu, float r, int64_t n,
+                       const T* nx, const T* nr) {
+  for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
+    const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
+    prefetch_cols<T>(nx, j0, j1 - j0);
+    prefetch_cols<T>(nr, j0, j1 - j0);
+    int64_t j = j0;
+    for (; j + kW <= j1; j += kW) stv(y + j, (ldv(x + j) - mu) * r * ld(w + j) + ld(b + j));
+    for (; j < j1; ++j) st1(y + j, (ld1(x + j) - mu) * r * w[j] + b[j]);
+  }
+}
+
 template <typename T>
 void ln_fwd(const LnFwd& a) {
   const int64_t m = a.m, n = a.n;
@@ -312,30 +405,32 @@ void ln_fwd(const LnFwd& a) {
   const float* wv = a.w ? a.w : ones.data();
   const float* bv = a.b ? a.b : zeros.data();
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    Scratch<T> sc(2 * n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));
+    // Per thread: the sum row and the residual row as float (with a residual), the streamed y row.
+    Scratch<T> sc(3 * n, stream && !std::is_same_v<T, float> ? n : 0);
     float* tile = sc.f.data() + 2 * n;
     for (int64_t i = begin; i < end; ++i) {
-      const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, nullptr);
-      const float mu = row_sum(xr, n) * inv_n;
-      const float r = 1.0f / std::sqrt(row_sq_dev(xr, n, mu) * inv_n + static_cast<float>(a.eps));
-      a.mean[i] = mu;
-      a.rstd[i] = r;
       const int64_t ip = i + kPrefetchRows;
       const T* nx = ip < end ? xp + ip * n : nullptr;
       const T* nr = ip < end && rp ? rp + ip * n : nullptr;
-      for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // column tiles: tile, x/w/b slices stay in L1
-        const int64_t len = std::min(kTile, n - j0);
-        const float *xt = xr + j0, *wt = wv + j0, *bt = bv + j0;
-        float* yt = tile_for<T>(yp + i * n + j0, tile, stream);
-        for (int64_t k0 = 0; k0 < len; k0 += kPrefetchSpan) {
-          const int64_t k1 = std::min(len, k0 + kPrefetchSpan);
-          prefetch_cols<T>(nx, j0 + k0, k1 - k0);
-          prefetch_cols<T>(nr, j0 + k0, k1 - k0);
-#pragma omp simd
-          for (int64_t j = k0; j < k1; ++j) yt[j] = (xt[j] - mu) * r * wt[j] + bt[j];
+      T* yr = yp + i * n;
+      float mu, r;
+      auto stats_and_out = [&](const auto* xr) {  // xr: the row as T, or the sum row as float
+        mu = row_sum(xr, n) * inv_n;
+        r = 1.0f / std::sqrt(row_sq_dev(xr, n, mu) * inv_n + static_cast<float>(a.eps));
+        if (stream) {
+          ln_out_row(xr, tile, wv, bv, mu, r, n, nx, nr);
+          commit<T>(tile, yr, n, stream, sc.t.data());
+        } else {
+          ln_out_row(xr, yr, wv, bv, mu, r, n, nx, nr);
         }
-        commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
+      };
+      if (rp) {
+        stats_and_out(input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, nullptr));
+      } else {
+        stats_and_out(xp + i * n);
       }
+      a.mean[i] = mu;
+      a.rstd[i] = r;
     }
     if (stream || rp) fence();
   });
@@ -346,8 +441,6 @@ void ln_fwd(const LnFwd& a) {
 // (and the weight) are loaded and stored once per block instead of once per row. Rows are added
 // to the partials in row order, as a row-at-a-time loop would.
 constexpr int kRows = 4;
-
-inline void st(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
 // One row of a backward block, as float. g: dy * w (LayerNorm) or the rounded n_hat (RMSNorm,
 // llama casting of 16-bit inputs); a: the sum's gradient (dadd), null when absent.
@@ -401,30 +494,31 @@ inline void rms_bwd_block(const BRow* q, const float* w, float* pw, int64_t n) {
 // as RMSNorm still does, save loads of the partials but their 4 x 4 rows spill L1 to L2 at N = 768;
 // measured 1.3-1.6x slower at 4096x768, see kernels_norms_cpu.md.)
 // Pass 2 of one row. xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) [+ da];
-// pw += dy * xhat; pb += dy. nx, ndy: rows to prefetch (null: none).
-template <typename T, bool A>
-inline void ln_bwd_row(const float* x, const float* dy, const float* g, const float* da, float* dx, float* pw,
-                       float* pb, float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy) {
+// pw += dy * xhat; pb += dy. x, dy, da: rows of T (converted in registers); dx: T, or a float
+// tile to be streamed out; nx, ndy: rows to prefetch (null: none).
+template <typename T, typename D, bool A>
+inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* dx, float* pw, float* pb,
+                       float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
     prefetch_cols<T>(ndy, j0, j1 - j0);
     int64_t j = j0;
     for (; j + kW <= j1; j += kW) {
-      const vf xh = (ld(x + j) - mu) * r, d = ld(dy + j);
+      const vf xh = (ldv(x + j) - mu) * r, d = ldv(dy + j);
       vf o = r * (ld(g + j) - c2 - xh * c1);
-      if constexpr (A) o += ld(da + j);
-      st(dx + j, o);
+      if constexpr (A) o += ldv(da + j);
+      stv(dx + j, o);
       st(pw + j, ld(pw + j) + d * xh);
       st(pb + j, ld(pb + j) + d);
     }
     for (; j < j1; ++j) {
-      const float xh = (x[j] - mu) * r;
+      const float xh = (ld1(x + j) - mu) * r, d = ld1(dy + j);
       float o = r * (g[j] - c2 - xh * c1);
-      if constexpr (A) o += da[j];
-      dx[j] = o;
-      pw[j] += dy[j] * xh;
-      pb[j] += dy[j];
+      if constexpr (A) o += ld1(da + j);
+      st1(dx + j, o);
+      pw[j] += d * xh;
+      pb[j] += d;
     }
   }
 }
@@ -443,19 +537,15 @@ void ln_bwd(const LnBwd& a) {
   const float* wv = a.w ? a.w : ones.data();
   const bool stream = a.stream;
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    // Per thread: x, dy, dadd as float (16-bit inputs), g = dy * w, the dx tile (16-bit or
-    // streamed), and scratch partials for grads nobody asked for.
-    Scratch<T> sc(7 * n, std::is_same_v<T, float> && !stream ? 0 : n);
-    float *xb = sc.f.data(), *dyb = xb + n, *dab = xb + 2 * n, *g = xb + 3 * n, *dxb = xb + 4 * n;
-    float *sw = xb + 5 * n, *sb = xb + 6 * n;
+    // Per thread: g = dy * w, the streamed dx tile, scratch partials for grads nobody asked for.
+    Scratch<T> sc(4 * n, stream && !std::is_same_v<T, float> ? n : 0);
+    float *g = sc.f.data(), *tile = g + n, *sw = g + 2 * n, *sb = g + 3 * n;
     for (int64_t c = cbegin; c < cend; ++c) {
       float* pw = a.dw ? dw_part.data() + c * n : sw;
       float* pb = a.db ? db_part.data() + c * n : sb;
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
-        const float* x = as_f32<T>(xp + i * n, xb, n);
-        const float* dy = as_f32<T>(dyp + i * n, dyb, n);
-        const float* da = dap ? as_f32<T>(dap + i * n, dab, n) : nullptr;
+        const T *x = xp + i * n, *dy = dyp + i * n, *da = dap ? dap + i * n : nullptr;
         const float mu = a.mean[i], r = a.rstd[i];
         // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
         // where it should be (e.g. N = 1) even when the compiler contracts into FMAs.
@@ -465,13 +555,14 @@ void ln_bwd(const LnBwd& a) {
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
-        float* dx = tile_for<T>(dxp + i * n, dxb, stream);
-        if (dap) {
-          ln_bwd_row<T, true>(x, dy, g, da, dx, pw, pb, mu, r, c1, c2, n, nx, ndy);
+        if (stream) {
+          da ? ln_bwd_row<T, float, true>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy)
+             : ln_bwd_row<T, float, false>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy);
+          commit<T>(tile, dxp + i * n, n, stream, sc.t.data());
         } else {
-          ln_bwd_row<T, false>(x, dy, g, da, dx, pw, pb, mu, r, c1, c2, n, nx, ndy);
+          da ? ln_bwd_row<T, T, true>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy)
+             : ln_bwd_row<T, T, false>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy);
         }
-        commit<T>(dx, dxp + i * n, n, stream, sc.t.data());
       }
     }
     if (stream) fence();

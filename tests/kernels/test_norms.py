@@ -254,3 +254,31 @@ def test_layer_norm_row_passes_and_prefetch_tails(case: str, dtype: torch.dtype,
             CASES[case].check("cpu", shape, dtype)
     finally:
         torch.set_num_threads(before)
+
+
+def _bits_with_nan(t: torch.Tensor) -> torch.Tensor:
+    """int16 bits of a 16-bit tensor, every NaN as one value (NaN sign/payload bits are not compared)."""
+    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int16)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "base"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_layer_norm_16bit_rounds_exactly_like_its_fp32_run(isa: str, dtype: torch.dtype, monkeypatch) -> None:
+    """16-bit rows are converted in registers (load and rounded store per vector): y, dx, dw, db of a
+    16-bit call must be bit for bit our fp32 call on the same values, rounded by torch's `.to()`."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+    g = torch.Generator().manual_seed(5)
+    m, n = 7, 83  # vector loops and scalar tails at every width
+    x = (torch.randn(m, n, generator=g) * 3 + 1).to(dtype)
+    x[2, 5], x[4, 0] = float("inf"), float("nan")  # NaN rows in y and dx
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+    b = (0.1 * torch.randn(n, generator=g)).to(dtype)
+    dy = torch.randn(m, n, generator=g).to(dtype)
+    outs = {}
+    for dt in (dtype, torch.float32):
+        args = [t.to(dt).requires_grad_(True) for t in (x, w, b)]
+        y = kernels.layer_norm(*args, 1e-5, provider="cpu")
+        outs[dt] = (y, *torch.autograd.grad(y, args, dy.to(dt)))
+    for low, ref in zip(outs[dtype], outs[torch.float32]):
+        assert low.dtype == dtype
+        assert torch.equal(_bits_with_nan(low), _bits_with_nan(ref.to(dtype)))
