@@ -1,6 +1,6 @@
 """Benchmark cases for the norm kernels (contract: `benchmarks/kernels/__init__.py`).
 
-Per kernel (layer_norm, rms_norm, add_rms_norm), shape (tokens 4096 x hidden 768 / 4096), dtype
+Per kernel (layer_norm, rms_norm, add_rms_norm; add_layer_norm when named in FL_BENCH_NORMS), shape (tokens 4096 x hidden 768 / 4096), dtype
 (FL_BENCH_DTYPES, default "float32"; e.g. "float32,bfloat16") and pass (fwd under no_grad,
 fwd+bwd with torch.autograd.grad so no gradient accumulation is timed), the variants are:
 naive (the eager reference composition, which is what HF-style code runs), aten (F.layer_norm /
@@ -38,6 +38,11 @@ def _aten_add_rms(x, r, w, eps):
     return s, F.rms_norm(s, (s.shape[-1],), w, eps)
 
 
+def _aten_add_ln(x, r, w, b, eps):
+    s = x + r
+    return s, F.layer_norm(s, (s.shape[-1],), w, b, eps)
+
+
 def _fns(kernel: str, n: int, provider: str = "cpu"):
     """(naive, aten, ours, arg names, eps) for one kernel."""
     if kernel == "layer_norm":
@@ -46,6 +51,10 @@ def _fns(kernel: str, n: int, provider: str = "cpu"):
     if kernel == "rms_norm":
         return (norms.rms_norm_reference, lambda x, w, eps: F.rms_norm(x, (n,), w, eps),
                 lambda x, w, eps: kernels.rms_norm(x, w, eps, provider=provider), ("x", "w"), 1e-6)
+    if kernel == "add_layer_norm":
+        return (norms.add_layer_norm_reference, _aten_add_ln,
+                lambda x, r, w, b, eps: kernels.add_layer_norm(x, r, w, b, eps, provider=provider),
+                ("x", "r", "w", "b"), 1e-5)
     if kernel == "add_rms_norm":
         return (norms.add_rms_norm_reference, _aten_add_rms,
                 lambda x, r, w, eps: kernels.add_rms_norm(x, r, w, eps, provider=provider), ("x", "r", "w"), 1e-6)
@@ -100,6 +109,12 @@ def _prealloc(kernel: str, t: dict, eps: float, backward: bool):
 
         def bwd():
             ops.layer_norm_bwd(dy, x, w32, mean, rstd, None, dx, dw, db)
+    elif kernel == "add_layer_norm":  # the sum's gradient is dy too
+        def fwd():
+            ops.layer_norm_fwd(x, r, w32, b32, eps, y, s, mean, rstd)
+
+        def bwd():
+            ops.layer_norm_bwd(dy, s, w32, mean, rstd, dy, dx, dw, db)
     elif kernel == "rms_norm":
         def fwd():
             ops.rms_norm_fwd(x, None, w32, eps, True, y, none, rstd)

@@ -75,16 +75,20 @@ namespace {
 
 using fusionlens::CpuIsa;
 
-// The copy the norm ops run: FUSIONLENS_CPU_ISA if set (read per call: tests switch it), else the
-// AVX2 copy even where AVX-512 exists; never above what the CPU has. Measured on Zen 4
-// (benchmarks/results/kernels_norms_cpu.md), interleaved, per-copy buffers: the 256-bit copy ran
-// 0.9-1.8x the speed of the 512-bit one (median about 1.06x; 512-bit ops are split in two there,
-// and these kernels are load/store and memory bound).
-CpuIsa pick_isa() { return fusionlens::cpu_isa(CpuIsa::avx2); }
+// The copy the norm ops run for dtype t: FUSIONLENS_CPU_ISA if set (read per call: tests switch
+// it), else the AVX2 copy for float32 and float16 and the AVX-512 copy for bfloat16; never above
+// what the CPU has. Measured on Zen 4 (benchmarks/results/kernels_norms_cpu.md), interleaved, per-copy
+// buffers, both orders: float32 and float16 ran 0.7-1.5x faster on the 256-bit copy (median about
+// 1.0; 512-bit ops are split in two there and fp32 rows are memory bound), bfloat16 1.0-1.33x
+// faster on the 512-bit copy (its loops convert bf16 in registers and are bound by instruction
+// count, which 16 lanes halve).
+CpuIsa pick_isa(at::ScalarType t) {
+  return fusionlens::cpu_isa(t == at::kBFloat16 ? CpuIsa::avx512 : CpuIsa::avx2);
+}
 
 #if FL_MULTI_ISA
 #define FL_DISPATCH_ISA(fn, T, args)                        \
-  switch (pick_isa()) {                                     \
+  switch (pick_isa(c10::CppTypeToScalarType<T>::value)) {   \
     case CpuIsa::avx512: isa_avx512::fn<T>(args); break;    \
     case CpuIsa::avx2: isa_avx2::fn<T>(args); break;        \
     default: isa_base::fn<T>(args); break;                  \
@@ -209,8 +213,11 @@ void rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const c10::optional
   });
 }
 
-// The instruction-set copy the norm ops run on this CPU now (after FUSIONLENS_CPU_ISA).
-std::string norms_isa() { return fusionlens::cpu_isa_name(pick_isa()); }
+// The instruction-set copy the norm ops run on this CPU now for dtype (default float32), after
+// FUSIONLENS_CPU_ISA.
+std::string norms_isa(c10::optional<at::ScalarType> dtype) {
+  return fusionlens::cpu_isa_name(pick_isa(dtype.value_or(at::kFloat)));
+}
 
 }  // namespace
 }  // namespace fusionlens
@@ -224,7 +231,7 @@ TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
         "Tensor(a!) y, Tensor(b!) sum_out, Tensor(c!) rstd) -> ()");
   m.def("rms_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor rstd, Tensor? dadd, bool llama_cast, "
         "Tensor(a!) dx, Tensor(b!) dw) -> ()");
-  m.def("norms_isa() -> str", &fusionlens::norms_isa);
+  m.def("norms_isa(ScalarType? dtype=None) -> str", &fusionlens::norms_isa);
 }
 
 TORCH_LIBRARY_IMPL(fusionlens, CPU, m) {

@@ -226,9 +226,16 @@ def test_every_instruction_set_copy_matches_float64(case: str, isa: str, monkeyp
 
 
 def test_default_instruction_set_copy_is_at_most_avx2(monkeypatch) -> None:
-    """AVX2 by default (measured faster than AVX-512 on Zen 4); lower only where the CPU lacks it."""
-    monkeypatch.delenv("FUSIONLENS_CPU_ISA", raising=False)
+    """AVX2 by default for float32/float16 (measured faster than AVX-512 on Zen 4), the best copy the
+    CPU has for bfloat16 (AVX-512 measured faster); lower only where the CPU lacks it."""
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", "avx512")  # never above what the CPU has: its best copy
+    best = torch.ops.fusionlens.norms_isa(torch.bfloat16)
+    monkeypatch.setenv("FUSIONLENS_CPU_ISA", "avx2")  # the override applies to every dtype
+    assert torch.ops.fusionlens.norms_isa(torch.bfloat16) in ("avx2", "base")
+    monkeypatch.delenv("FUSIONLENS_CPU_ISA")
     assert torch.ops.fusionlens.norms_isa() in ("avx2", "base")
+    assert torch.ops.fusionlens.norms_isa(torch.float16) in ("avx2", "base")
+    assert torch.ops.fusionlens.norms_isa(torch.bfloat16) == best
 
 
 def test_unknown_instruction_set_name_is_one_clear_error(monkeypatch) -> None:
