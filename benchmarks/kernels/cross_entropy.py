@@ -57,15 +57,16 @@ def _ce_cases(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.fl
         return lambda: torch.autograd.grad(fn(xg, t), xg)
 
     shape, es, dt = f"{n}x{VOCAB}", x.element_size(), str(dtype).replace("torch.", "")
+    hp = f"; FUSIONLENS_HUGEPAGES={os.environ.get('FUSIONLENS_HUGEPAGES', '1')}"
     return [
         dict(kernel="cross_entropy", **{"pass": "fwd"}, shape=shape, dtype=dt,
              variants={k: fwd(f) for k, f in fns.items()}, baseline="naive",
              compile=lambda: fwd(torch.compile(SPEC.reference)), bytes=float(n * VOCAB * es),
-             notes="bytes: logits read once"),
+             notes="bytes: logits read once" + hp),
         dict(kernel="cross_entropy", **{"pass": "fwd+bwd"}, shape=shape, dtype=dt,
              variants={k: fwd_bwd(f) for k, f in fns.items()}, baseline="naive",
              compile=lambda: fwd_bwd(torch.compile(SPEC.reference)), bytes=float(3 * n * VOCAB * es),
-             notes="bytes: logits read in fwd, read + grad written in bwd"),
+             notes="bytes: logits read in fwd, read + grad written in bwd" + hp),
     ]
 
 
