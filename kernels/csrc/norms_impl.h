@@ -217,18 +217,19 @@ inline void row_ln_bwd_sums(const S* dy, const float* w, const S* x, float mu, f
 }
 
 // sum(dy * w * x)
-inline float row_dot3(const float* dy, const float* w, const float* x, int64_t n) {
+template <typename S>
+inline float row_dot3(const S* dy, const float* w, const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
   for (; j + 4 * kW <= n; j += 4 * kW) {
-    a0 += ld(dy + j) * ld(w + j) * ld(x + j);
-    a1 += ld(dy + j + kW) * ld(w + j + kW) * ld(x + j + kW);
-    a2 += ld(dy + j + 2 * kW) * ld(w + j + 2 * kW) * ld(x + j + 2 * kW);
-    a3 += ld(dy + j + 3 * kW) * ld(w + j + 3 * kW) * ld(x + j + 3 * kW);
+    a0 += ldv(dy + j) * ld(w + j) * ldv(x + j);
+    a1 += ldv(dy + j + kW) * ld(w + j + kW) * ldv(x + j + kW);
+    a2 += ldv(dy + j + 2 * kW) * ld(w + j + 2 * kW) * ldv(x + j + 2 * kW);
+    a3 += ldv(dy + j + 3 * kW) * ld(w + j + 3 * kW) * ldv(x + j + 3 * kW);
   }
-  for (; j + kW <= n; j += kW) a0 += ld(dy + j) * ld(w + j) * ld(x + j);
+  for (; j + kW <= n; j += kW) a0 += ldv(dy + j) * ld(w + j) * ldv(x + j);
   float t = hsum((a0 + a1) + (a2 + a3));
-  for (; j < n; ++j) t += dy[j] * w[j] * x[j];
+  for (; j < n; ++j) t += ld1(dy + j) * w[j] * ld1(x + j);
   return t;
 }
 
@@ -436,63 +437,12 @@ void ln_fwd(const LnFwd& a) {
   });
 }
 
-// ---------------------------------------------------------------- RMSNorm backward, in blocks of rows
-// The RMSNorm backward runs on blocks of kRows rows, so the chunk's weight/bias gradient partials
-// (and the weight) are loaded and stored once per block instead of once per row. Rows are added
-// to the partials in row order, as a row-at-a-time loop would.
-constexpr int kRows = 4;
-
-// One row of a backward block, as float. g: dy * w (LayerNorm) or the rounded n_hat (RMSNorm,
-// llama casting of 16-bit inputs); a: the sum's gradient (dadd), null when absent.
-struct BRow {
-  const float *x, *dy, *a, *g;
-  float* dx;
-  float mu, r, c1, c2;
-};
-
-// RMSNorm: dx = r * (dy * w - x * c1) + a; pw += dy * x * r, or pw += dy * g (NH: rounded n_hat).
-template <int R, bool A, bool NH>
-inline void rms_bwd_block(const BRow* q, const float* w, float* pw, int64_t n) {
-  const float *x[R], *dy[R], *g[R], *ad[R];
-  float* dx[R];
-  float r[R], c1[R];
-  for (int k = 0; k < R; ++k) {
-    x[k] = q[k].x, dy[k] = q[k].dy, g[k] = q[k].g, ad[k] = q[k].a, dx[k] = q[k].dx;
-    r[k] = q[k].r, c1[k] = q[k].c1;
-  }
-  int64_t j = 0;
-  for (; j + kW <= n; j += kW) {
-    const vf wv = ld(w + j);
-    vf sw = ld(pw + j);
-    for (int k = 0; k < R; ++k) {
-      const vf d = ld(dy[k] + j), xv = ld(x[k] + j);
-      vf o = r[k] * (d * wv - xv * c1[k]);
-      if constexpr (A) o += ld(ad[k] + j);
-      st(dx[k] + j, o);
-      if constexpr (NH) {
-        sw += d * ld(g[k] + j);
-      } else {
-        sw += d * xv * r[k];
-      }
-    }
-    st(pw + j, sw);
-  }
-  for (; j < n; ++j) {
-    for (int k = 0; k < R; ++k) {
-      float o = r[k] * (dy[k][j] * w[j] - x[k][j] * c1[k]);
-      if constexpr (A) o += ad[k][j];
-      dx[k][j] = o;
-      pw[j] += NH ? dy[k][j] * g[k][j] : dy[k][j] * x[k][j] * r[k];
-    }
-  }
-}
-
 // ---------------------------------------------------------------- LayerNorm backward
 // One row at a time, like ATen's kernel: pass 1 streams x and dy from memory and reduces them (g =
 // dy * w kept in L1), pass 2 reads x, dy, g and the chunk's dw/db partials from L1 (at N = 768:
 // 5 rows of 3 KB + 2 partials) and writes dx, while it prefetches the next row. (Blocks of 4 rows,
-// as RMSNorm still does, save loads of the partials but their 4 x 4 rows spill L1 to L2 at N = 768;
-// measured 1.3-1.6x slower at 4096x768, see kernels_norms_cpu.md.)
+// as both backwards had before, saved loads of the partials but their 4 x 4 rows spilled L1 to L2
+// at N = 768: measured 1.4-2x slower at 4096x768, see kernels_norms_cpu.md.)
 // Pass 2 of one row. xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) [+ da];
 // pw += dy * xhat; pb += dy. x, dy, da: rows of T (converted in registers); dx: T, or a float
 // tile to be streamed out; nx, ndy: rows to prefetch (null: none).
@@ -618,6 +568,48 @@ void rms_fwd(const RmsFwd& a) {
   });
 }
 
+// ---------------------------------------------------------------- RMSNorm backward
+// One row at a time with the next row prefetched, as the LayerNorm backward (measured there: 4-row
+// blocks spilled L1 at N = 768). dx = r * (dy * w - x * c1) [+ da]; pw += dy * x * r, or with NH
+// (HF llama casting of 16-bit rows) pw += dy * n_hat with n_hat = x * r rounded through T, as the
+// weight saw it in the forward.
+template <typename T, bool A, bool NH, typename D>
+inline void rms_bwd_row(const T* x, const T* dy, const T* da, const float* w, D* dx, float* pw, float r,
+                        float c1, int64_t n, const T* nx, const T* ndy) {
+  for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
+    const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
+    prefetch_cols<T>(nx, j0, j1 - j0);
+    prefetch_cols<T>(ndy, j0, j1 - j0);
+    int64_t j = j0;
+    for (; j + kW <= j1; j += kW) {
+      const vf d = ldv(dy + j), xv = ldv(x + j);
+      vf o = r * (d * ld(w + j) - xv * c1);
+      if constexpr (A) o += ldv(da + j);
+      stv(dx + j, o);
+      if constexpr (NH) {
+        T t[kW];
+        stv(t, xv * r);
+        st(pw + j, ld(pw + j) + d * ldv(t));
+      } else {
+        st(pw + j, ld(pw + j) + d * xv * r);
+      }
+    }
+    for (; j < j1; ++j) {
+      const float d = ld1(dy + j), xv = ld1(x + j);
+      float o = r * (d * w[j] - xv * c1);
+      if constexpr (A) o += ld1(da + j);
+      st1(dx + j, o);
+      if constexpr (NH) {
+        T t;
+        st1(&t, xv * r);
+        pw[j] += d * ld1(&t);
+      } else {
+        pw[j] += d * xv * r;
+      }
+    }
+  }
+}
+
 template <typename T>
 void rms_bwd(const RmsBwd& a) {
   const int64_t m = a.m, n = a.n;
@@ -633,43 +625,34 @@ void rms_bwd(const RmsBwd& a) {
   const float* wv = a.w ? a.w : ones.data();
   const bool stream = a.stream;
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    Scratch<T> sc(kRows * 5 * n + n, std::is_same_v<T, float> && !stream ? 0 : n);
-    float* sw = sc.f.data() + kRows * 5 * n;
-    BRow q[kRows];
+    // Per thread: the streamed dx tile, a scratch partial for a weight grad nobody asked for.
+    Scratch<T> sc(2 * n, stream && !std::is_same_v<T, float> ? n : 0);
+    float *tile = sc.f.data(), *sw = tile + n;
     for (int64_t c = cbegin; c < cend; ++c) {
       float* pw = a.dw ? dw_part.data() + c * n : sw;
-      auto prep = [&](int64_t k, int64_t i, float* base) {
-        BRow& row = q[k];
-        row.x = as_f32<T>(xp + i * n, base, n);
-        row.dy = as_f32<T>(dyp + i * n, base + n, n);
-        row.a = dap ? as_f32<T>(dap + i * n, base + 2 * n, n) : nullptr;
-        row.r = a.rstd[i];
-        row.c1 = row_dot3(row.dy, wv, row.x, n) * row.r * row.r * inv_n;  // mean(dn * n_hat) / rstd
-        if (round_n) {  // HF llama: the weight saw n_hat rounded to the input dtype
-          float* nh = base + 3 * n;
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) nh[j] = row.x[j] * row.r;
-          round_through_t<T>(nh, sc.t.data(), n);
-        }
-        row.g = base + 3 * n;
-        row.dx = tile_for<T>(dxp + i * n, base + 4 * n, stream);
-      };
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
-      for (int64_t i = i0; i < i1; i += kRows) {
-        const int64_t rows = std::min<int64_t>(kRows, i1 - i);
-        for (int64_t k = 0; k < rows; ++k) prep(k, i + k, sc.f.data() + k * 5 * n);
-        const int64_t per = rows == kRows ? kRows : 1;
-        for (int64_t k = 0; k < rows; k += per) {
-          const BRow* b = q + k;
-          if (per == kRows) {
-            if (dap) round_n ? rms_bwd_block<kRows, true, true>(b, wv, pw, n) : rms_bwd_block<kRows, true, false>(b, wv, pw, n);
-            else round_n ? rms_bwd_block<kRows, false, true>(b, wv, pw, n) : rms_bwd_block<kRows, false, false>(b, wv, pw, n);
+      for (int64_t i = i0; i < i1; ++i) {
+        const T *x = xp + i * n, *dy = dyp + i * n, *da = dap ? dap + i * n : nullptr;
+        const float r = a.rstd[i];
+        const float c1 = row_dot3(dy, wv, x, n) * r * r * inv_n;  // mean(dn * n_hat) / rstd
+        const int64_t ip = i + kPrefetchRows;
+        const T* nx = ip < i1 ? xp + ip * n : nullptr;
+        const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
+        auto row = [&](auto* dx) {
+          if (da) {
+            round_n ? rms_bwd_row<T, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
+                    : rms_bwd_row<T, true, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
           } else {
-            if (dap) round_n ? rms_bwd_block<1, true, true>(b, wv, pw, n) : rms_bwd_block<1, true, false>(b, wv, pw, n);
-            else round_n ? rms_bwd_block<1, false, true>(b, wv, pw, n) : rms_bwd_block<1, false, false>(b, wv, pw, n);
+            round_n ? rms_bwd_row<T, false, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
+                    : rms_bwd_row<T, false, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
           }
+        };
+        if (stream) {
+          row(tile);
+          commit<T>(tile, dxp + i * n, n, stream, sc.t.data());
+        } else {
+          row(dxp + i * n);
         }
-        for (int64_t k = 0; k < rows; ++k) commit<T>(q[k].dx, dxp + (i + k) * n, n, stream, sc.t.data());
       }
     }
     if (stream) fence();

@@ -244,16 +244,17 @@ def test_unknown_instruction_set_name_is_one_clear_error(monkeypatch) -> None:
         kernels.layer_norm(make((2, 8), torch.float32), provider="cpu")
 
 
-# LayerNorm rows run in passes with a prefetch of the next row in batches of 64 columns, and the
-# backward adds each row to its chunk's dw/db partials: widths around the batch and vector sizes,
+# Rows run in passes with a prefetch of the next row in batches of 64 columns, and the backward
+# adds each row to its chunk's weight/bias partials: widths around the batch and vector sizes,
 # 1 row, and more rows than chunks at 1 and 2 threads (chunk ends stop the prefetch).
 LN_PASS_SHAPES: tuple[tuple[int, int], ...] = ((1, 64), (2, 65), (3, 127), (4, 129), (33, 768), (301, 200))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("case", ["layer_norm", "add_layer_norm", "layer_norm_plain"])
-def test_layer_norm_row_passes_and_prefetch_tails(case: str, dtype: torch.dtype, threads: int) -> None:
+@pytest.mark.parametrize("case", ["layer_norm", "add_layer_norm", "layer_norm_plain", "rms_norm", "rms_norm_gemma",
+                                  "add_rms_norm"])
+def test_row_passes_and_prefetch_tails(case: str, dtype: torch.dtype, threads: int) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
