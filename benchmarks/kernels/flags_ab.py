@@ -9,7 +9,7 @@ Not a bench_kernels family (no `cases`): run it directly,
 
 Both builds live under benchmarks/.cache/flags_ab/<flags>/ with their ops renamed
 (fusionlens_old / fusionlens_new), so the project's own extension is not touched and a source
-edited meanwhile by someone else cannot skew one side. Forward passes only, fp32, preallocated
+edited meanwhile by someone else cannot skew one side. Forward passes only, fp32 (--dtype for bf16/fp16), preallocated
 outputs: the question is whether dropping the global flags slowed the loops that now get their
 vector ISA from per_isa.h's pragmas. Rows (benchmark "flags_ab", variants old_flags / new_flags
 and the speedup new over old) go to benchmarks/results/<csv>.
@@ -74,19 +74,22 @@ def build(snap: Path, side: str, cflags: list[str]) -> object:
     return getattr(torch.ops, f"fusionlens_{side}")
 
 
-def buffers(m: int, n: int) -> dict:
+def buffers(m: int, n: int, dtype: torch.dtype = torch.float32) -> dict:
+    """Inputs and outputs in `dtype`; norm weights and statistics stay fp32 (as norms.py passes)."""
     g = torch.Generator().manual_seed(0)
-    t = {k: torch.randn(m, n, generator=g) for k in ("x", "b2")}
-    t.update(w=1 + 0.1 * torch.randn(n, generator=g), bias=0.1 * torch.randn(n, generator=g),
-             y=torch.empty(m, n), mean=torch.empty(m), rstd=torch.empty(m), none=torch.empty(0))
+    t = {k: torch.randn(m, n, generator=g).to(dtype) for k in ("x", "b2")}
+    t.update(w=1 + 0.1 * torch.randn(n, generator=g), bias=(0.1 * torch.randn(n, generator=g)).to(dtype),
+             y=torch.empty(m, n, dtype=dtype), mean=torch.empty(m), rstd=torch.empty(m),
+             none=torch.empty(0, dtype=dtype))
     return t
 
 
 def op_calls(ops, t: dict) -> dict:
     """Zero-argument forward calls of each op on preallocated outputs (kinds: activations.cpp)."""
     x, b2, w, bias, y, mean, rstd, none = (t[k] for k in ("x", "b2", "w", "bias", "y", "mean", "rstd", "none"))
+    b32 = bias.float()
     return {
-        "layer_norm": lambda: ops.layer_norm_fwd(x, None, w, bias, 1e-5, y, none, mean, rstd),
+        "layer_norm": lambda: ops.layer_norm_fwd(x, None, w, b32, 1e-5, y, none, mean, rstd),
         "rms_norm": lambda: ops.rms_norm_fwd(x, None, w, 1e-6, True, y, none, rstd),
         "gelu_erf": lambda: ops.act_fwd(x, None, y, 1),
         "bias_gelu_tanh": lambda: ops.act_fwd(x, bias, y, 2),
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--shapes", default="4096x768,4096x4096")
+    ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 inputs/outputs")
     ap.add_argument("--csv", default="kernels_flags_ab.csv")
     ap.add_argument("--alt-flags", default="", help="a third build's flags (space separated), timed as alt_flags")
     args = ap.parse_args(argv)
@@ -114,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
           f"activations {old.activations_isa()}/{new.activations_isa()}, softmax {old.softmax_isa()}/{new.softmax_isa()}")
     torch.set_num_threads(args.threads)
     for m, n in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]:
-        calls_o, calls_n = op_calls(old, buffers(m, n)), op_calls(new, buffers(m, n))
-        calls_a = op_calls(alt, buffers(m, n)) if alt is not None else {}
+        dtype = getattr(torch, args.dtype)
+        calls_o, calls_n = op_calls(old, buffers(m, n, dtype)), op_calls(new, buffers(m, n, dtype))
+        calls_a = op_calls(alt, buffers(m, n, dtype)) if alt is not None else {}
         inner = max(2, int(6e6 / (m * n)))
         for op in calls_n:
             load = os.getloadavg()[0]
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             if calls_a:
                 variants["alt_flags"] = calls_a[op]
             timing = interleave(variants, rounds=args.rounds, inner=inner)
-            shape = f"{m}x{n} float32 fwd"
+            shape = f"{m}x{n} {args.dtype} fwd"
             notes = (f"threads={args.threads}; load={load:.1f}; preallocated outputs; snapshot {snap.name}; "
                      f"old={' '.join(OLD_CFLAGS)}; new={' '.join(CFLAGS)}" + (f"; alt={args.alt_flags}" if alt else ""))
             rows = timing_rows(f"flags_ab {op}", shape, timing, notes=notes)

@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__) || defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -42,6 +42,66 @@ inline uint16_t float_to_bf16_bits(float f) {
   return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
+// Bulk conversions for the baseline build: the build has no -march flag, so the 16-bit
+// conversions below pick a copy compiled for AVX-512 or AVX2+F16C at run time (the CPU's best,
+// read once; FUSIONLENS_CPU_ISA does not apply: it is read per call, too slow per row). Without
+// this, bf16 ran 4 lanes wide and fp16 one scalar c10::Half at a time (measured 1.5x / 6x slower
+// activation and softmax kernels). GCC on x86-64 only; elsewhere the plain loops below.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512BW__)
+#define FL_CONVERT_DISPATCH 1
+namespace detail {
+
+enum class ConvIsa : int { base = 0, avx2 = 1, avx512 = 2 };
+
+inline ConvIsa conversion_isa() {
+  static const ConvIsa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
+      return ConvIsa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return ConvIsa::avx2;
+    return ConvIsa::base;
+  }();
+  return isa;
+}
+
+#define FL_CONVERSIONS_FOR(SUFFIX, TARGET)                                                              \
+  __attribute__((target(TARGET))) inline void bf16_to_f32_##SUFFIX(const uint16_t* s, float* d, int64_t n) { \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits_to_float(s[i]);                  \
+  }                                                                                                      \
+  __attribute__((target(TARGET))) inline void f32_to_bf16_##SUFFIX(const float* s, uint16_t* d, int64_t n) { \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(s[i]);                  \
+  }                                                                                                      \
+  __attribute__((target(TARGET))) inline void f16_to_f32_##SUFFIX(const c10::Half* s, float* d, int64_t n) { \
+    int64_t i = 0;                                                                                       \
+    for (; i + 8 <= n; i += 8)                                                                           \
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)))); \
+    for (; i < n; ++i) d[i] = static_cast<float>(s[i]);                                                 \
+  }                                                                                                      \
+  __attribute__((target(TARGET))) inline void f32_to_f16_##SUFFIX(const float* s, c10::Half* d, int64_t n) { \
+    int64_t i = 0;                                                                                       \
+    for (; i + 8 <= n; i += 8)                                                                           \
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),                                                \
+                       _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));              \
+    for (; i < n; ++i) d[i] = static_cast<c10::Half>(s[i]);                                              \
+  }
+
+FL_CONVERSIONS_FOR(avx512, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+FL_CONVERSIONS_FOR(avx2, "avx2,fma,f16c")
+#undef FL_CONVERSIONS_FOR
+
+}  // namespace detail
+#define FL_CONVERT_VIA(NAME, ...)                                                 \
+  switch (detail::conversion_isa()) {                                             \
+    case detail::ConvIsa::avx512: detail::NAME##_avx512(__VA_ARGS__); return;     \
+    case detail::ConvIsa::avx2: detail::NAME##_avx2(__VA_ARGS__); return;         \
+    default: break;                                                               \
+  }
+#else
+#define FL_CONVERT_DISPATCH 0
+#define FL_CONVERT_VIA(NAME, ...)
+#endif
+
 // Bulk conversions (vectorizable loops).
 template <typename T>
 inline void to_float(const T* src, float* dst, int64_t n);
@@ -54,12 +114,16 @@ inline void to_float<float>(const float* src, float* dst, int64_t n) {
 template <>
 inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  FL_CONVERT_VIA(bf16_to_f32, s, dst, n)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(s[i]);
 }
 
 template <>
 inline void to_float<c10::Half>(const c10::Half* src, float* dst, int64_t n) {
+#if !defined(__F16C__)
+  FL_CONVERT_VIA(f16_to_f32, src, dst, n)
+#endif
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8) {
@@ -81,12 +145,16 @@ inline void from_float<float>(const float* src, float* dst, int64_t n) {
 template <>
 inline void from_float<c10::BFloat16>(const float* src, c10::BFloat16* dst, int64_t n) {
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  FL_CONVERT_VIA(f32_to_bf16, src, d, n)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
 }
 
 template <>
 inline void from_float<c10::Half>(const float* src, c10::Half* dst, int64_t n) {
+#if !defined(__F16C__)
+  FL_CONVERT_VIA(f32_to_f16, src, dst, n)
+#endif
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8) {
