@@ -53,16 +53,7 @@ struct Spans {
 
 // The span loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <int64_t K>
-Spans spans_for() {
-#if FL_MULTI_ISA
-  switch (fusionlens::cpu_isa()) {
-    case fusionlens::CpuIsa::avx512: return isa_avx512::spans<K>();
-    case fusionlens::CpuIsa::avx2: return isa_avx2::spans<K>();
-    default: break;
-  }
-#endif
-  return isa_base::spans<K>();
-}
+Spans spans_for() { return FL_ISA_PICK(spans<K>()); }
 
 }  // namespace fl_act
 

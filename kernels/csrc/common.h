@@ -244,8 +244,8 @@ inline float exp_nonpos(float x_in) {
   return out;
 }
 
-// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (norms.cpp,
-// activations.cpp, softmax.cpp): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
+// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (per_isa.h; every
+// family in csrc/): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
 // (read per call, so tests can run every copy); never above what the CPU has.
 // FL_MULTI_ISA: the compiler can build such per-ISA copies (GCC on x86-64).
 // `preferred` is the copy used when FUSIONLENS_CPU_ISA is unset (norms prefer AVX2, see norms.cpp).
@@ -281,6 +281,22 @@ inline CpuIsa cpu_isa(CpuIsa preferred = CpuIsa::avx512) {
   return CpuIsa::base;
 #endif
 }
+
+// The value of `isa_<copy>::call` for the copy cpu_isa() picks: the one run-time dispatch of every
+// per-ISA family (its namespaces come from per_isa.h), e.g. `return FL_ISA_PICK(row_ops<T>());`.
+// `call` must not contain a top-level comma. The norms pass their own preference (norms.cpp).
+#if FL_MULTI_ISA
+#define FL_ISA_PICK(call)                                       \
+  [&] {                                                         \
+    switch (fusionlens::cpu_isa()) {                            \
+      case fusionlens::CpuIsa::avx512: return isa_avx512::call; \
+      case fusionlens::CpuIsa::avx2: return isa_avx2::call;     \
+      default: return isa_base::call;                           \
+    }                                                           \
+  }()
+#else
+#define FL_ISA_PICK(call) (isa_base::call)
+#endif
 
 inline const char* cpu_isa_name(CpuIsa isa) {
   return isa == CpuIsa::avx512 ? "avx512" : isa == CpuIsa::avx2 ? "avx2" : "base";

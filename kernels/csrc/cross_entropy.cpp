@@ -53,16 +53,7 @@ struct RowOps {
 
 // The row operations of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <typename T>
-RowOps<T> row_ops_for() {
-#if FL_MULTI_ISA
-  switch (fusionlens::cpu_isa()) {
-    case fusionlens::CpuIsa::avx512: return isa_avx512::row_ops<T>();
-    case fusionlens::CpuIsa::avx2: return isa_avx2::row_ops<T>();
-    default: break;
-  }
-#endif
-  return isa_base::row_ops<T>();
-}
+RowOps<T> row_ops_for() { return FL_ISA_PICK(row_ops<T>()); }
 
 }  // namespace fl_ce
 

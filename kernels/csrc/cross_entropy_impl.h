@@ -16,20 +16,7 @@
 
 #include "convert_impl.h"
 
-#if FL_ISA >= 512
-constexpr int kW = 16;  // floats per native vector
-#elif FL_ISA >= 256
-constexpr int kW = 8;
-#else
-constexpr int kW = 4;
-#endif
-typedef float vf __attribute__((vector_size(kW * sizeof(float))));
-
-inline vf ld(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+#include "vec_impl.h"  // kW, vf, ld, st
 
 // max(m, v) per lane, NaN lanes of v ignored (as the scalar `v > m ? v : m`).
 inline vf vmax(vf m, vf v) { return v > m ? v : m; }

@@ -3,24 +3,9 @@
 // registers, row conversions, non-temporal copies, per-thread scratch, next-row prefetch.
 //
 // NO include guard on purpose: norms_impl.h includes it at its top, inside each per-ISA namespace
-// (see per_isa.h), with FL_ISA set (512, 256 or 0). It includes nothing itself.
+// (see per_isa.h), with FL_ISA set (512, 256 or 0). It includes only vec_impl.h.
 
-#if FL_ISA >= 512
-constexpr int kW = 16;  // floats per native vector
-#elif FL_ISA >= 256
-constexpr int kW = 8;
-#else
-constexpr int kW = 4;
-#endif
-typedef float vf __attribute__((vector_size(kW * sizeof(float))));
-
-inline vf ld(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void st(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+#include "vec_impl.h"  // kW, vf, ld, st
 
 // kW elements of T <-> one float vector, converted in registers, so a 16-bit row is read and
 // written by the loops that use it (no separate conversion pass through a float buffer). bf16:

@@ -68,16 +68,7 @@ struct ChunkOps {
 
 // The chunk loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <typename T>
-ChunkOps<T> ops_for() {
-#if FL_MULTI_ISA
-  switch (fusionlens::cpu_isa()) {
-    case fusionlens::CpuIsa::avx512: return isa_avx512::chunk_ops<T>();
-    case fusionlens::CpuIsa::avx2: return isa_avx2::chunk_ops<T>();
-    default: break;
-  }
-#endif
-  return isa_base::chunk_ops<T>();
-}
+ChunkOps<T> ops_for() { return FL_ISA_PICK(chunk_ops<T>()); }
 
 }  // namespace fl_optim
 

@@ -44,16 +44,7 @@ using RowsFn = void (*)(const RopeArgs&, int64_t r0, int64_t r1);
 
 // The row loop of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <typename T>
-RowsFn rows_for() {
-#if FL_MULTI_ISA
-  switch (fusionlens::cpu_isa()) {
-    case fusionlens::CpuIsa::avx512: return isa_avx512::rows_fn<T>();
-    case fusionlens::CpuIsa::avx2: return isa_avx2::rows_fn<T>();
-    default: break;
-  }
-#endif
-  return isa_base::rows_fn<T>();
-}
+RowsFn rows_for() { return FL_ISA_PICK(rows_fn<T>()); }
 
 }  // namespace fl_rope
 

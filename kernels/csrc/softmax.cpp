@@ -41,16 +41,7 @@ struct RowOps {
 #include "per_isa.h"
 
 // The row loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
-RowOps row_ops_for() {
-#if FL_MULTI_ISA
-  switch (fusionlens::cpu_isa()) {
-    case fusionlens::CpuIsa::avx512: return isa_avx512::row_ops();
-    case fusionlens::CpuIsa::avx2: return isa_avx2::row_ops();
-    default: break;
-  }
-#endif
-  return isa_base::row_ops();
-}
+RowOps row_ops_for() { return FL_ISA_PICK(row_ops()); }
 
 }  // namespace fl_softmax
 
