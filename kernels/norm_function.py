@@ -4,6 +4,12 @@
 `registry.new_output` (poisonable in tests) and calls a provider's four ops, which share the C++
 signatures of `kernels/csrc/norms.cpp`: `torch.ops.fusionlens.{layer,rms}_norm_{fwd,bwd}` for
 "cpu", `kernels.triton_norms` for "triton". `apply_norm` skips autograd when no gradient is needed.
+
+Training on the "cpu" provider (outside torch.compile tracing) takes a shorter road:
+`torch.ops.fusionlens.norm_train`, whose autograd node is C++ (`NormTrain` in norms.cpp) and calls
+the same kernels. The Python Function cost ~75 us a step more than ATen's node, most of a step at
+small shapes (benchmarks/results/kernels_norms_cpu.md). `_FusedNorm` stays for the "triton"
+provider and for torch.compile, which traces it (the ops' fake kernels are registered below).
 """
 from __future__ import annotations
 
@@ -11,7 +17,19 @@ from typing import Any
 
 import torch
 
-from kernels.registry import new_output
+from kernels import _alloc
+from kernels.registry import new_output, poisoning
+
+
+def _w_eff(kind: str, weight: torch.Tensor | None, offset: float, llama_cast: bool) -> torch.Tensor | None:
+    """(offset + weight) as contiguous fp32: rounded to weight's dtype first in llama casting, as
+    eager does; LayerNorm (and offset 0) uses weight itself."""
+    if weight is None:
+        return None
+    if kind == "ln" or offset == 0.0:
+        return weight.float().contiguous()
+    w = (offset + weight) if llama_cast else (offset + weight.float())
+    return w.float().contiguous()
 
 
 def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -32,9 +50,10 @@ class _FusedNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast):
-        """The forward pass alone: (outputs, x2, sum [M, N] or empty, mean, rstd)."""
+    def run_forward(ops, kind, x, residual, weight, bias, eps, offset, llama_cast):
+        """The forward pass alone: (outputs, x2, sum [M, N] or empty, w_eff, mean, rstd)."""
         shape, n = x.shape, x.shape[-1]
+        w_eff = _w_eff(kind, weight, offset, llama_cast)
         x2, r2 = _rows(x, n), _rows(residual, n)
         m = x2.shape[0]
         y = new_output((m, n), x2)
@@ -49,12 +68,13 @@ class _FusedNorm(torch.autograd.Function):
                 ops.rms_norm_fwd(x2, r2, w_eff, eps, llama_cast, y, s, rstd)
         y = y.view(shape)
         outs = (s.view(shape), y) if r2 is not None else y
-        return outs, x2, s, mean, rstd
+        return outs, x2, s, w_eff, mean, rstd
 
     @staticmethod
-    def forward(ctx, ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
+    def forward(ctx, ops, kind, x, residual, weight, bias, eps, offset, llama_cast):
         shape = x.shape
-        outs, x2, s, mean, rstd = _FusedNorm.run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast)
+        outs, x2, s, w_eff, mean, rstd = _FusedNorm.run_forward(ops, kind, x, residual, weight, bias, eps, offset,
+                                                                llama_cast)
         r2 = residual
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(s if r2 is not None else x2, w_eff, mean, rstd)
@@ -117,13 +137,42 @@ def _triton_ops():
 
 _OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
 _OPS_CACHE: dict[str, Any] = {}
+_NORM_TRAIN: Any = None  # torch.ops.fusionlens.norm_train.default, once the cpu ops are loaded
 
 
-def apply_norm(provider, kind, x, residual, weight, bias, eps, w_eff, llama_cast):
-    """Run the fused norm; skip autograd bookkeeping when no gradient is needed (inference)."""
+def _hugepage_policy(x: torch.Tensor) -> tuple[int, int]:
+    """(min bytes, huge page bytes) of kernels/_alloc's advice for norm_train's outputs; (0, 0): none.
+
+    No output is larger than x but the per-column grads ([N] fp32), so below the threshold the
+    environment and the probe are not read."""
+    if x.numel() * x.element_size() < _alloc.HUGEPAGE_MIN_BYTES and x.shape[-1] * 4 < _alloc.HUGEPAGE_MIN_BYTES:
+        return 0, 0
+    if _alloc.hugepage_status() is not None:
+        return 0, 0
+    return _alloc.HUGEPAGE_MIN_BYTES, _alloc._probed()[1]
+
+
+def _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast):
+    """Forward with the C++ autograd node (`fusionlens::norm_train`); same outputs as `_FusedNorm`."""
+    s, y = _NORM_TRAIN(x, residual, weight, bias, eps, offset, kind == "rms", llama_cast, poisoning(),
+                       *_hugepage_policy(x))
+    return y if residual is None else (s, y)
+
+
+def apply_norm(provider, kind, x, residual, weight, bias, eps, offset, llama_cast, *, cpp_autograd=True):
+    """Run the fused norm; skip autograd bookkeeping when no gradient is needed (inference).
+
+    offset: RMSNorm's weight offset (Gemma's 1 + w; 0.0 for LayerNorm). cpp_autograd=False keeps
+    the "cpu" provider on the Python Function (benchmarks compare the two roads).
+    """
+    global _NORM_TRAIN
     ops = _OPS_CACHE.get(provider)
     if ops is None:
         ops = _OPS_CACHE[provider] = _OPS[provider]()
+        if provider == "cpu":
+            _NORM_TRAIN = torch.ops.fusionlens.norm_train.default
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
-        return _FusedNorm.apply(ops, kind, x, residual, weight, bias, eps, w_eff, llama_cast)
-    return _FusedNorm.run_forward(ops, kind, x, residual, bias, eps, w_eff, llama_cast)[0]
+        if provider == "cpu" and cpp_autograd and not torch.compiler.is_compiling():
+            return _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast)
+        return _FusedNorm.apply(ops, kind, x, residual, weight, bias, eps, offset, llama_cast)
+    return _FusedNorm.run_forward(ops, kind, x, residual, weight, bias, eps, offset, llama_cast)[0]

@@ -85,41 +85,28 @@ def add_rms_norm_reference(x, residual, weight=None, eps=1e-6, offset=0.0, casti
     return s, rms_norm_reference(s, weight, eps, offset, casting)
 
 
-def _rms_w_eff(weight, offset, casting):
-    """(offset + weight) as fp32: rounded to weight's dtype first in llama casting, as eager does."""
-    if weight is None:
-        return None
-    w = (offset + weight) if casting == "llama" else (offset + weight.float())
-    return w.float().contiguous()
-
-
 def _ln(provider):
     def run(x, weight=None, bias=None, eps=1e-5):
-        w = None if weight is None else weight.float().contiguous()
-        return apply_norm(provider, "ln", x, None, weight, bias, eps, w, False)
+        return apply_norm(provider, "ln", x, None, weight, bias, eps, 0.0, False)
     return run
 
 
 def _add_ln(provider):
     def run(x, residual, weight=None, bias=None, eps=1e-5):
-        w = None if weight is None else weight.float().contiguous()
-        return apply_norm(provider, "ln", x, residual, weight, bias, eps, w, False)
+        return apply_norm(provider, "ln", x, residual, weight, bias, eps, 0.0, False)
     return run
 
 
 def _rms(provider):
     def run(x, weight=None, eps=1e-6, offset=0.0, casting=None):
-        c = _casting(offset, casting)
-        return apply_norm(provider, "rms", x, None, weight, None, eps,
-                                _rms_w_eff(weight, offset, c), c == "llama")
+        return apply_norm(provider, "rms", x, None, weight, None, eps, offset, _casting(offset, casting) == "llama")
     return run
 
 
 def _add_rms(provider):
     def run(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
-        c = _casting(offset, casting)
-        return apply_norm(provider, "rms", x, residual, weight, None, eps,
-                                _rms_w_eff(weight, offset, c), c == "llama")
+        return apply_norm(provider, "rms", x, residual, weight, None, eps, offset,
+                          _casting(offset, casting) == "llama")
     return run
 
 
