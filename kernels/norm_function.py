@@ -5,10 +5,11 @@
 signatures of `kernels/csrc/norms.cpp`: `torch.ops.fusionlens.{layer,rms}_norm_{fwd,bwd}` for
 "cpu", `kernels.triton_norms` for "triton". `apply_norm` skips autograd when no gradient is needed.
 
-Training on the "cpu" provider (outside torch.compile tracing) takes a shorter road:
+The "cpu" provider (outside torch.compile tracing) takes a shorter road: one call of
 `torch.ops.fusionlens.norm_train`, whose autograd node is C++ (`NormTrain` in norms.cpp) and calls
-the same kernels. The Python Function cost ~75 us a step more than ATen's node, most of a step at
-small shapes (benchmarks/results/kernels_norms_cpu.md). `_FusedNorm` stays for the "triton"
+the same kernels; without grad it runs the forward alone. The Python Function cost ~75 us a step
+more than ATen's node, most of a step at small shapes, and the Python forward ~12 us more than the
+op (benchmarks/results/kernels_norms_cpu.md). `_FusedNorm` stays for the "triton"
 provider and for torch.compile, which traces it (the ops' fake kernels are registered below).
 """
 from __future__ import annotations
@@ -162,17 +163,20 @@ def _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast):
 def apply_norm(provider, kind, x, residual, weight, bias, eps, offset, llama_cast, *, cpp_autograd=True):
     """Run the fused norm; skip autograd bookkeeping when no gradient is needed (inference).
 
-    offset: RMSNorm's weight offset (Gemma's 1 + w; 0.0 for LayerNorm). cpp_autograd=False keeps
-    the "cpu" provider on the Python Function (benchmarks compare the two roads).
+    offset: RMSNorm's weight offset (Gemma's 1 + w; 0.0 for LayerNorm). The "cpu" provider runs
+    `fusionlens::norm_train` (C++ node; forward alone without grad) unless tracing for
+    torch.compile; cpp_autograd=False keeps it on the Python road (`run_forward` / `_FusedNorm`),
+    which benchmarks and tests compare against.
     """
     global _NORM_TRAIN
     ops = _OPS_CACHE.get(provider)
     if ops is None:
-        ops = _OPS_CACHE[provider] = _OPS[provider]()
-        if provider == "cpu":
+        ops = _OPS[provider]()
+        if provider == "cpu":  # set before the cache entry: another thread may read both next
             _NORM_TRAIN = torch.ops.fusionlens.norm_train.default
+        _OPS_CACHE[provider] = ops
+    if provider == "cpu" and cpp_autograd and not torch.compiler.is_compiling():
+        return _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast)  # no node without grad
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
-        if provider == "cpu" and cpp_autograd and not torch.compiler.is_compiling():
-            return _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast)
         return _FusedNorm.apply(ops, kind, x, residual, weight, bias, eps, offset, llama_cast)
     return _FusedNorm.run_forward(ops, kind, x, residual, weight, bias, eps, offset, llama_cast)[0]

@@ -12,6 +12,9 @@ The step is forward + `torch.autograd.grad` of x, weight and bias against a fixe
 - fwd_fresh / bwd_fresh: the same ops on outputs allocated per call through `registry.new_output`
   (kernels + allocation + first touch of fresh pages);
 - aten_fwd_kernel / aten_bwd_kernel: `aten::native_layer_norm(_backward)` called directly;
+- step_cppfn / step_pyfn: our step without the registry dispatch, through the C++ autograd node
+  (`fusionlens::norm_train`, what the cpu provider trains with) / the Python autograd.Function it
+  replaced (`apply_norm(..., cpp_autograd=False)`): before/after of the autograd road in one run;
 - py_step_tiny: our whole step at 1 row (the Python, dispatch and autograd cost per step, the
   kernels being ~free there); aten_step_tiny likewise.
 CPU time (1 thread: immune to other processes) and wall time, p20/p50/p80; rows (benchmark
@@ -56,12 +59,14 @@ def _step(fn, t: dict[str, torch.Tensor]):
 
 def variants(m: int, n: int, dtype: torch.dtype) -> dict[str, object]:
     """Zero-argument callables of every piece (see the module docstring)."""
-    from kernels.norm_function import _cpu_ops
+    from kernels.norm_function import _cpu_ops, apply_norm
 
     ops = _cpu_ops()
     t, tiny = _inputs(m, n, dtype), _inputs(1, n, dtype)
     ours = lambda x, w, b: kernels.layer_norm(x, w, b, 1e-5, provider="cpu")  # noqa: E731
     aten = lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)  # noqa: E731
+    cppfn = lambda x, w, b: apply_norm("cpu", "ln", x, None, w, b, 1e-5, 0.0, False)  # noqa: E731
+    pyfn = lambda x, w, b: apply_norm("cpu", "ln", x, None, w, b, 1e-5, 0.0, False, cpp_autograd=False)  # noqa: E731
     x, dy = t["x"], t["dy"]
     w32, b32 = t["w"].float(), t["b"].float()
     y, dx = torch.empty_like(x), torch.empty_like(x)
@@ -82,6 +87,8 @@ def variants(m: int, n: int, dtype: torch.dtype) -> dict[str, object]:
     return {
         "step_ours": _step(ours, t),
         "step_aten": _step(aten, t),
+        "step_cppfn": _step(cppfn, t),
+        "step_pyfn": _step(pyfn, t),
         "fwd_kernel": lambda: ops.layer_norm_fwd(x, None, w32, b32, 1e-5, y, none, mean, rstd),
         "bwd_kernel": lambda: ops.layer_norm_bwd(dy, x, w32, mean, rstd, None, dx, dw, db),
         "fwd_fresh": fwd_fresh,
@@ -127,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             if "step_ours" in vs and "step_aten" in vs:
                 r = timing.ratio("step_aten", "step_ours", "cpu_s")
                 print(f"aten/ours step (cpu time, per round): p20 {r[0]:.2f} p50 {r[1]:.2f} p80 {r[2]:.2f}")
+            if "step_cppfn" in vs and "step_pyfn" in vs:
+                r = timing.ratio("step_pyfn", "step_cppfn", "cpu_s")
+                print(f"python Function / C++ node step (cpu time, per round): p20 {r[0]:.2f} p50 {r[1]:.2f} "
+                      f"p80 {r[2]:.2f}")
     return 0
 
 

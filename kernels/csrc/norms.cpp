@@ -365,16 +365,7 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> norm_train_autograd(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
-                                                       const c10::optional<at::Tensor>& weight,
-                                                       const c10::optional<at::Tensor>& bias, double eps,
-                                                       double offset, bool rms, bool llama_cast, bool poison,
-                                                       int64_t hp_min, int64_t hp_bytes) {
-  auto out = NormTrain::apply(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
-  return {out[0], out[1]};
-}
-
-// Below autograd (no_grad, inference mode): the forward alone.
+// The forward alone: below autograd (inference mode), and under no_grad or when no input requires grad.
 std::tuple<at::Tensor, at::Tensor> norm_train_cpu(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                                   const c10::optional<at::Tensor>& weight,
                                                   const c10::optional<at::Tensor>& bias, double eps, double offset,
@@ -383,6 +374,19 @@ std::tuple<at::Tensor, at::Tensor> norm_train_cpu(const at::Tensor& x, const c10
   TrainFwd o = train_forward(x, value_or_undefined(residual), value_or_undefined(weight), value_or_undefined(bias),
                              eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes});
   return {o.sum, o.y};
+}
+
+std::tuple<at::Tensor, at::Tensor> norm_train_autograd(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                       const c10::optional<at::Tensor>& weight,
+                                                       const c10::optional<at::Tensor>& bias, double eps,
+                                                       double offset, bool rms, bool llama_cast, bool poison,
+                                                       int64_t hp_min, int64_t hp_bytes) {
+  const auto grad = [](const c10::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || grad(residual) || grad(weight) || grad(bias))) {
+    return norm_train_cpu(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
+  }
+  auto out = NormTrain::apply(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
+  return {out[0], out[1]};
 }
 
 // The instruction-set copy the norm ops run on this CPU now for dtype (default float32), after

@@ -68,6 +68,20 @@ def test_cpp_and_python_roads_agree_bit_for_bit(case: str, shape, dtype, monkeyp
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), i
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_grad_forward_roads_agree_bit_for_bit(case: str, dtype, monkeypatch) -> None:
+    """Without grad the cpu provider runs norm_train's forward alone (no node); same bits as Python's."""
+    c = CASES[case]
+    args = [a.requires_grad_() if isinstance(a, torch.Tensor) else a for a in c.inputs((3, 7, 41), dtype)]
+    with torch.no_grad(), poisoned():
+        cpp = c.ours("cpu")(*args)
+        monkeypatch.setattr(norms, "apply_norm", functools.partial(norm_function.apply_norm, cpp_autograd=False))
+        py = c.ours("cpu")(*args)
+    for a, b in zip(*((o,) if isinstance(o, torch.Tensor) else o for o in (cpp, py))):
+        assert a.grad_fn is None and a.shape == b.shape and torch.equal(a, b)
+
+
 def _truth_grads(fn, leaves, dy):
     """float64 grads of sum(fn(...) * dy) for the leaves that require grad (None elsewhere)."""
     l64 = [None if t is None else t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
