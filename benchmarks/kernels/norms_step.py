@@ -15,6 +15,8 @@ The step is forward + `torch.autograd.grad` of x, weight and bias against a fixe
 - step_cppfn / step_pyfn: our step without the registry dispatch, through the C++ autograd node
   (`fusionlens::norm_train`, what the cpu provider trains with) / the Python autograd.Function it
   replaced (`apply_norm(..., cpp_autograd=False)`): before/after of the autograd road in one run;
+- infer_ours / infer_pyfn / infer_aten: the forward alone on inputs without grad (public API /
+  the Python road's forward / F.layer_norm);
 - py_step_tiny: our whole step at 1 row (the Python, dispatch and autograd cost per step, the
   kernels being ~free there); aten_step_tiny likewise.
 CPU time (1 thread: immune to other processes) and wall time, p20/p50/p80; rows (benchmark
@@ -87,6 +89,9 @@ def variants(m: int, n: int, dtype: torch.dtype) -> dict[str, object]:
     return {
         "step_ours": _step(ours, t),
         "step_aten": _step(aten, t),
+        "infer_ours": lambda: ours(x, t["w"], t["b"]),
+        "infer_pyfn": lambda: pyfn(x, t["w"], t["b"]),
+        "infer_aten": lambda: aten(x, t["w"], t["b"]),
         "step_cppfn": _step(cppfn, t),
         "step_pyfn": _step(pyfn, t),
         "fwd_kernel": lambda: ops.layer_norm_fwd(x, None, w32, b32, 1e-5, y, none, mean, rstd),

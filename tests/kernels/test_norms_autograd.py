@@ -181,3 +181,16 @@ def test_outputs_above_the_huge_page_threshold() -> None:
     want = torch.autograd.grad(F.layer_norm(x64, (1100,), w64), [x64, w64], dy.double())
     for a, b in zip(got, want):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_compile_traces_the_python_function_and_trains() -> None:
+    """Under torch.compile tracing the cpu provider keeps the Python Function (its ops have fake
+    kernels); forward and grads match F.layer_norm / the reference."""
+    torch._dynamo.reset()
+    x, w, b = (make(s, torch.float32, i, shift=float(i == 1)).requires_grad_() for i, s in
+               enumerate([(6, 32), (32,), (32,)]))
+    fn = torch.compile(lambda x, w, b: kernels.layer_norm(x, w, b, provider="cpu").sin().sum(), backend="aot_eager")
+    got = torch.autograd.grad(fn(x, w, b), [x, w, b])
+    want = torch.autograd.grad(F.layer_norm(x, (32,), w, b).sin().sum(), [x, w, b])
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
