@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,18 +36,29 @@ OLD_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-ma
 SOURCES = ("norms.cpp", "activations.cpp", "softmax.cpp")
 
 
-def snapshot() -> Path:
-    """Copy the three sources (ops renamed to fusionlens_<side> later) and every header once."""
+def _source_files(rev: str) -> dict[str, bytes]:
+    """The three sources and every header of kernels/csrc: the working tree's, or git `rev`'s."""
     csrc = ROOT / "kernels" / "csrc"
-    files = [csrc / s for s in SOURCES] + sorted(csrc.glob("*.h"))
-    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:12]
+    if not rev:
+        return {f.name: f.read_bytes() for f in [csrc / s for s in SOURCES] + sorted(csrc.glob("*.h"))}
+    listing = subprocess.run(["git", "ls-tree", "--name-only", rev, "kernels/csrc/"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    names = list(SOURCES) + sorted(Path(p).name for p in listing if p.endswith(".h"))
+    return {n: subprocess.run(["git", "show", f"{rev}:kernels/csrc/{n}"], cwd=ROOT, check=True,
+                              capture_output=True).stdout for n in names}
+
+
+def snapshot(rev: str = "") -> Path:
+    """Copy the three sources (ops renamed to fusionlens_<side> later) and every header once."""
+    files = _source_files(rev)
+    digest = hashlib.sha256(b"".join(n.encode() + b for n, b in files.items())).hexdigest()[:12]
     snap = ROOT / "benchmarks" / ".cache" / "flags_ab" / digest
     if not snap.exists():
         tmp = snap.with_suffix(".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for f in files:
-            shutil.copy2(f, tmp / f.name)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
         tmp.rename(snap)
     return snap
 
@@ -106,14 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 inputs/outputs")
     ap.add_argument("--csv", default="kernels_flags_ab.csv")
     ap.add_argument("--alt-flags", default="", help="a third build's flags (space separated), timed as alt_flags")
+    ap.add_argument("--old-rev", default="", help="build the old-flags side from this git revision's kernels/csrc "
+                    "(default: the same working-tree snapshot as the new side)")
     args = ap.parse_args(argv)
     from kernels._build import CFLAGS
 
     snap = snapshot()
-    old, new = build(snap, "old", OLD_CFLAGS), build(snap, "new", CFLAGS)
+    old_snap = snapshot(args.old_rev) if args.old_rev else snap
+    old, new = build(old_snap, "old", OLD_CFLAGS), build(snap, "new", CFLAGS)
     alt_flags = args.alt_flags.split()
     alt = build(snap, "alt", alt_flags) if alt_flags else None
-    print(f"snapshot {snap.name}; old flags {' '.join(OLD_CFLAGS)}; new flags {' '.join(CFLAGS)}; "
+    print(f"snapshot {snap.name} (old side {old_snap.name}); old flags {' '.join(OLD_CFLAGS)}; new flags {' '.join(CFLAGS)}; "
           f"ISA copies old/new: norms {old.norms_isa()}/{new.norms_isa()}, "
           f"activations {old.activations_isa()}/{new.activations_isa()}, softmax {old.softmax_isa()}/{new.softmax_isa()}")
     torch.set_num_threads(args.threads)
@@ -129,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants["alt_flags"] = calls_a[op]
             timing = interleave(variants, rounds=args.rounds, inner=inner)
             shape = f"{m}x{n} {args.dtype} fwd"
-            notes = (f"threads={args.threads}; load={load:.1f}; preallocated outputs; snapshot {snap.name}; "
+            src = f"snapshot {snap.name}" + (f"; old side from {args.old_rev} ({old_snap.name})" if args.old_rev else "")
+            notes = (f"threads={args.threads}; load={load:.1f}; preallocated outputs; {src}; "
                      f"old={' '.join(OLD_CFLAGS)}; new={' '.join(CFLAGS)}" + (f"; alt={args.alt_flags}" if alt else ""))
             rows = timing_rows(f"flags_ab {op}", shape, timing, notes=notes)
             speed = timing.ratio("old_flags", "new_flags")

@@ -8,7 +8,7 @@
 // activations_impl.h, compiled below once per instruction set (AVX-512, AVX2+FMA, the build's
 // baseline) and picked at run time (common.h cpu_isa, FUSIONLENS_CPU_ISA lowers it), so their
 // speed does not depend on -march=native. GELU (erf) uses an inline rational erf, GELU (tanh)
-// x * sigmoid(2u) with an inline exp (common.h), SiLU libmvec's expf.
+// x * sigmoid(2u) and SiLU x * sigmoid(x), both with common.h's inline exp.
 // Outputs are allocated by the caller (Python, `kernels.registry.new_output`) and passed in.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -22,15 +22,6 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-
-
-// Let GCC call libmvec's vector exp inside `omp simd` loops. glibc declares these only
-// under __FAST_MATH__, which -fno-finite-math-only (needed so NaN/Inf keep their meaning) turns off.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
-extern "C" {
-float expf(float) __attribute__((__simd__("notinbranch")));
-}
-#endif
 
 
 namespace fl_act {
