@@ -100,6 +100,11 @@ def hugepage_status() -> str | None:
     return _probed()[2]
 
 
+def hugepage_bytes() -> int:
+    """This machine's huge page size in bytes (0 when the advice is unavailable)."""
+    return _probed()[1]
+
+
 def aligned_interior(ptr: int, nbytes: int, page: int = HUGEPAGE_BYTES) -> tuple[int, int]:
     """(start, length) of the whole `page`-aligned blocks inside [ptr, ptr + nbytes); length may be 0."""
     start = (ptr + page - 1) // page * page

@@ -150,7 +150,7 @@ def _hugepage_policy(x: torch.Tensor) -> tuple[int, int]:
         return 0, 0
     if _alloc.hugepage_status() is not None:
         return 0, 0
-    return _alloc.HUGEPAGE_MIN_BYTES, _alloc._probed()[1]
+    return _alloc.HUGEPAGE_MIN_BYTES, _alloc.hugepage_bytes()
 
 
 def _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast):
