@@ -77,8 +77,10 @@ inline void map_chunks(const std::array<const T*, NI>& in, const std::array<T*, 
       body(fi, fo, len, s);
     }
   } else {
-    alignas(64) float ibuf[NI > 0 ? NI : 1][kChunk];
-    alignas(64) float obuf[NO][kChunk];
+    // Rows padded by one cache line: buffers exactly 4 KiB apart make every load of one alias
+    // (4K aliasing) the store to another at the same index.
+    alignas(64) float ibuf[NI > 0 ? NI : 1][kChunk + 16];
+    alignas(64) float obuf[NO][kChunk + 16];
     for (int64_t s = 0; s < n; s += kChunk) {
       int64_t len = std::min(kChunk, n - s);
       std::array<const float*, NI> fi;
