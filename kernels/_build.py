@@ -1,6 +1,6 @@
 """Builds the one C++ extension that holds every CPU kernel, once, and caches it.
 
-All `kernels/csrc/*.cpp` files compile into a single shared library (one build, ~20 s the first
+All `kernels/csrc/*.cpp` files compile into a single shared library (one build, ~70 s on 2 idle cores the first
 time) under `<data dir>/cpp_build/<hash>/`, where the hash covers the sources, the compiler flags,
 torch's version and this CPU. The flags target the compiler's baseline (no -march=native): every
 kernel's hot loops are compiled once per instruction set (AVX-512, AVX2+FMA, baseline; see
@@ -105,7 +105,7 @@ def load_cpu_ops(verbose: bool = False) -> None:
             if not (build_dir / "fusionlens_cpu.so").exists():
                 reused = _seed_from_previous(build_dir)
                 print(f"FusionLens: building the CPU kernels once into {build_dir} "
-                      f"(about 20-60 s; {reused} unchanged objects reused)...", file=sys.stderr, flush=True)
+                      f"(about 1-2 min on 2 cores, less on more; {reused} unchanged objects reused)...", file=sys.stderr, flush=True)
             try:
                 cpp_extension.load(
                     name="fusionlens_cpu",
