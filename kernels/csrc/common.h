@@ -42,63 +42,56 @@ inline uint16_t float_to_bf16_bits(float f) {
   return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
-// Bulk conversions for the baseline build: the build has no -march flag, so the 16-bit
-// conversions below pick a copy compiled for AVX-512 or AVX2+F16C at run time (the CPU's best,
-// read once; FUSIONLENS_CPU_ISA does not apply: it is read per call, too slow per row). Without
-// this, bf16 ran 4 lanes wide and fp16 one scalar c10::Half at a time (measured 1.5x / 6x slower
-// activation and softmax kernels). GCC on x86-64 only; elsewhere the plain loops below.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512BW__)
-#define FL_CONVERT_DISPATCH 1
-namespace detail {
+// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (per_isa.h; every
+// family in csrc/): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
+// (read per call, so tests can run every copy); never above what the CPU has.
+// FL_MULTI_ISA: the compiler can build such per-ISA copies (GCC on x86-64).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_MULTI_ISA 1
+#else
+#define FL_MULTI_ISA 0
+#endif
 
-enum class ConvIsa : int { base = 0, avx2 = 1, avx512 = 2 };
+enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2 };
 
-inline ConvIsa conversion_isa() {
-  static const ConvIsa isa = [] {
+// The best copy this CPU can run at all: it has every feature of that copy's target (per_isa.h).
+// Probed once.
+inline CpuIsa best_cpu_isa() {
+#if FL_MULTI_ISA
+  static const CpuIsa best = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
-      return ConvIsa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return ConvIsa::avx2;
-    return ConvIsa::base;
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c"))
+      return CpuIsa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
+        __builtin_cpu_supports("f16c"))
+      return CpuIsa::avx2;
+    return CpuIsa::base;
   }();
-  return isa;
+  return best;
+#else
+  return CpuIsa::base;
+#endif
 }
 
-#define FL_CONVERSIONS_FOR(SUFFIX, TARGET)                                                              \
-  __attribute__((target(TARGET))) inline void bf16_to_f32_##SUFFIX(const uint16_t* s, float* d, int64_t n) { \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits_to_float(s[i]);                  \
-  }                                                                                                      \
-  __attribute__((target(TARGET))) inline void f32_to_bf16_##SUFFIX(const float* s, uint16_t* d, int64_t n) { \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(s[i]);                  \
-  }                                                                                                      \
-  __attribute__((target(TARGET))) inline void f16_to_f32_##SUFFIX(const c10::Half* s, float* d, int64_t n) { \
-    int64_t i = 0;                                                                                       \
-    for (; i + 8 <= n; i += 8)                                                                           \
-      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)))); \
-    for (; i < n; ++i) d[i] = static_cast<float>(s[i]);                                                 \
-  }                                                                                                      \
-  __attribute__((target(TARGET))) inline void f32_to_f16_##SUFFIX(const float* s, c10::Half* d, int64_t n) { \
-    int64_t i = 0;                                                                                       \
-    for (; i + 8 <= n; i += 8)                                                                           \
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),                                                \
-                       _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));              \
-    for (; i < n; ++i) d[i] = static_cast<c10::Half>(s[i]);                                              \
-  }
-
-FL_CONVERSIONS_FOR(avx512, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-FL_CONVERSIONS_FOR(avx2, "avx2,fma,f16c")
-#undef FL_CONVERSIONS_FOR
-
+// Bulk conversions for the baseline build: the build has no -march flag, so the 16-bit
+// conversions below call convert_impl.h's copy for the CPU's best instruction set (AVX-512 or
+// AVX2+F16C, read once; FUSIONLENS_CPU_ISA does not apply: it is read per call, too slow per row).
+// Without this, bf16 ran 4 lanes wide and fp16 one scalar c10::Half at a time (measured 1.5x / 6x
+// slower activation and softmax kernels). GCC on x86-64 only; elsewhere the plain loops below.
+#if FL_MULTI_ISA && !defined(__AVX512BW__)
+namespace detail {
+#define FL_ISA_IMPL "convert_impl.h"
+#include "per_isa.h"
 }  // namespace detail
 #define FL_CONVERT_VIA(NAME, ...)                                                 \
-  switch (detail::conversion_isa()) {                                             \
-    case detail::ConvIsa::avx512: detail::NAME##_avx512(__VA_ARGS__); return;     \
-    case detail::ConvIsa::avx2: detail::NAME##_avx2(__VA_ARGS__); return;         \
+  switch (best_cpu_isa()) {                                                       \
+    case CpuIsa::avx512: detail::isa_avx512::NAME(__VA_ARGS__); return;           \
+    case CpuIsa::avx2: detail::isa_avx2::NAME(__VA_ARGS__); return;               \
     default: break;                                                               \
   }
 #else
-#define FL_CONVERT_DISPATCH 0
 #define FL_CONVERT_VIA(NAME, ...)
 #endif
 
@@ -114,7 +107,7 @@ inline void to_float<float>(const float* src, float* dst, int64_t n) {
 template <>
 inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  FL_CONVERT_VIA(bf16_to_f32, s, dst, n)
+  FL_CONVERT_VIA(load_f32<c10::BFloat16>, src, dst, n)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(s[i]);
 }
@@ -122,7 +115,7 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
 template <>
 inline void to_float<c10::Half>(const c10::Half* src, float* dst, int64_t n) {
 #if !defined(__F16C__)
-  FL_CONVERT_VIA(f16_to_f32, src, dst, n)
+  FL_CONVERT_VIA(load_f32<c10::Half>, src, dst, n)
 #endif
   int64_t i = 0;
 #if defined(__F16C__)
@@ -145,7 +138,7 @@ inline void from_float<float>(const float* src, float* dst, int64_t n) {
 template <>
 inline void from_float<c10::BFloat16>(const float* src, c10::BFloat16* dst, int64_t n) {
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  FL_CONVERT_VIA(f32_to_bf16, src, d, n)
+  FL_CONVERT_VIA(store_f32<c10::BFloat16>, src, dst, n)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
 }
@@ -153,7 +146,7 @@ inline void from_float<c10::BFloat16>(const float* src, c10::BFloat16* dst, int6
 template <>
 inline void from_float<c10::Half>(const float* src, c10::Half* dst, int64_t n) {
 #if !defined(__F16C__)
-  FL_CONVERT_VIA(f32_to_f16, src, dst, n)
+  FL_CONVERT_VIA(store_f32<c10::Half>, src, dst, n)
 #endif
   int64_t i = 0;
 #if defined(__F16C__)
@@ -163,42 +156,6 @@ inline void from_float<c10::Half>(const float* src, c10::Half* dst, int64_t n) {
   }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
-}
-
-// Round float values in place through T (identity for float): what `.to(T)` does to a value.
-template <typename T>
-inline void round_through(float* buf, T* scratch, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) {
-    from_float<T>(buf, scratch, n);
-    to_float<T>(scratch, buf, n);
-  }
-}
-
-// A row as float: the row itself for float, else converted into `buf`.
-template <typename T>
-inline const float* row_as_float(const T* src, float* buf, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    to_float<T>(src, buf, n);
-    return buf;
-  }
-}
-
-// Where to compute a float output row: the destination itself for float, else `buf`.
-template <typename T>
-inline float* out_row(T* dst, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return dst;
-  } else {
-    return buf;
-  }
-}
-
-// Write a computed float row to its destination (no-op for float, computed in place).
-template <typename T>
-inline void commit_row(const float* buf, T* dst, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) from_float<T>(buf, dst, n);
 }
 
 // Column tile of the output pass (floats): with its input slices it stays in L1.
@@ -254,31 +211,10 @@ inline float exp_nonpos(float x_in) {
   return out;
 }
 
-// Instruction set of kernels compiled once per ISA with `#pragma GCC target` (per_isa.h; every
-// family in csrc/): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
-// (read per call, so tests can run every copy); never above what the CPU has.
-// FL_MULTI_ISA: the compiler can build such per-ISA copies (GCC on x86-64).
 // `preferred` is the copy used when FUSIONLENS_CPU_ISA is unset (norms prefer AVX2, see norms.cpp).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_MULTI_ISA 1
-#else
-#define FL_MULTI_ISA 0
-#endif
-
-enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2 };
-
 inline CpuIsa cpu_isa(CpuIsa preferred = CpuIsa::avx512) {
 #if FL_MULTI_ISA
-  static const CpuIsa best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
-      return CpuIsa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
-      return CpuIsa::avx2;
-    return CpuIsa::base;
-  }();
+  const CpuIsa best = best_cpu_isa();
   CpuIsa want = preferred;
   if (const char* env = std::getenv("FUSIONLENS_CPU_ISA")) {
     if (!std::strcmp(env, "base")) want = CpuIsa::base;
@@ -326,78 +262,6 @@ inline int64_t stream_threshold_bytes() {
 
 inline bool stream_output(int64_t elements, int64_t elem_size) {
   return elements * elem_size > stream_threshold_bytes();
-}
-
-// memcpy with non-temporal stores for the aligned middle (64-byte AVX-512 or 32-byte AVX2 lines),
-// a plain memcpy elsewhere. The build has no -march flag, so (like the conversions above) the
-// streaming copies are compiled with target attributes and picked at run time; with `#if
-// __AVX512F__` alone the portable build silently stopped streaming (bf16 softmax 4096x3072 ran at
-// 0.77x of the -march=native build). Call stream_fence() before the data is consumed (end of
-// each thread's work).
-#define FL_STREAM_COPY(VEC, STORE, LOAD)                                                     \
-  int64_t head = static_cast<int64_t>((sizeof(VEC) - (reinterpret_cast<uintptr_t>(d) & (sizeof(VEC) - 1))) & \
-                                      (sizeof(VEC) - 1));                                   \
-  head = std::min(head, bytes);                                                             \
-  std::memcpy(d, s, head);                                                                  \
-  d += head, s += head, bytes -= head;                                                      \
-  for (; bytes >= static_cast<int64_t>(sizeof(VEC)); bytes -= sizeof(VEC), d += sizeof(VEC), s += sizeof(VEC)) \
-    STORE(reinterpret_cast<VEC*>(d), LOAD(reinterpret_cast<const VEC*>(s)));               \
-  std::memcpy(d, s, bytes);
-#if FL_CONVERT_DISPATCH
-namespace detail {
-__attribute__((target("avx512f"))) inline void stream_bytes_avx512(char* d, const char* s, int64_t bytes) {
-  FL_STREAM_COPY(__m512i, _mm512_stream_si512, _mm512_loadu_si512)
-}
-__attribute__((target("avx2"))) inline void stream_bytes_avx2(char* d, const char* s, int64_t bytes) {
-  FL_STREAM_COPY(__m256i, _mm256_stream_si256, _mm256_loadu_si256)
-}
-}  // namespace detail
-#endif
-
-inline void stream_bytes(void* dst, const void* src, int64_t bytes) {
-  char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
-#if defined(__AVX512F__)
-  FL_STREAM_COPY(__m512i, _mm512_stream_si512, _mm512_loadu_si512)
-#elif defined(__AVX2__)
-  FL_STREAM_COPY(__m256i, _mm256_stream_si256, _mm256_loadu_si256)
-#else
-  FL_CONVERT_VIA(stream_bytes, d, s, bytes)
-  std::memcpy(d, s, bytes);
-#endif
-}
-#undef FL_STREAM_COPY
-
-inline void stream_fence() {
-#if defined(__x86_64__) || defined(__SSE__)
-  _mm_sfence();  // orders the non-temporal stores (SSE, so every x86-64 has it)
-#endif
-}
-
-// Where to compute an output row: in place (float, not streamed) or in `buf`.
-template <typename T>
-inline float* out_row(T* dst, float* buf, bool stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    return stream ? buf : dst;
-  } else {
-    return buf;
-  }
-}
-
-// Write a computed float row (from out_row) to dst: convert, and stream when asked.
-// `tbuf` holds n elements of T (used for 16-bit types when streaming).
-template <typename T>
-inline void commit_row(const float* row, T* dst, int64_t n, bool stream, T* tbuf) {
-  if (!stream) {
-    if constexpr (!std::is_same_v<T, float>) from_float<T>(row, dst, n);
-    return;
-  }
-  if constexpr (std::is_same_v<T, float>) {
-    stream_bytes(dst, row, n * static_cast<int64_t>(sizeof(float)));
-  } else {
-    from_float<T>(row, tbuf, n);
-    stream_bytes(dst, tbuf, n * static_cast<int64_t>(sizeof(T)));
-  }
 }
 
 // Rows per parallel task so each task touches at least ~16K elements (amortizes the fork).

@@ -1,8 +1,8 @@
-// fp32 <-> storage-dtype span conversions for the per-ISA implementation headers (rope_impl.h,
-// cross_entropy_impl.h), compiled inside each copy's `#pragma GCC target`, so fp16 uses F16C
-// (vcvtph2ps / vcvtps2ph) in the AVX2 and AVX-512 copies without -march=native (common.h's
-// to_float / from_float are compiled for the build's baseline and fall back to scalar c10::Half
-// there). bf16 is bit arithmetic (round to nearest even, NaN kept NaN, as c10::BFloat16).
+// fp32 <-> storage-dtype span conversions, compiled once per instruction set through per_isa.h:
+// inside the per-ISA namespaces of rope_impl.h and cross_entropy_impl.h (inlined into their
+// loops), and inside fusionlens::detail by common.h, whose to_float / from_float call the copy for
+// the CPU's best ISA (the build has no -march). fp16 uses F16C (vcvtph2ps / vcvtps2ph) in the AVX2
+// and AVX-512 copies; bf16 is bit arithmetic (round to nearest even, NaN kept NaN, as c10::BFloat16).
 // No include guard: included once per ISA namespace on purpose. Needs common.h and FL_ISA.
 
 template <typename T>
