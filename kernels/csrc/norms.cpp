@@ -10,11 +10,12 @@
 // The row kernels live in norms_impl.h, compiled here once per instruction set (AVX-512,
 // AVX2+FMA+F16C, the build's baseline) with `#pragma GCC target`; the copy for this CPU is picked
 // at run time (__builtin_cpu_supports), so the build is fast without -march=native and the same
-// source runs on any x86-64. The default is the AVX2 copy (faster than AVX-512 on Zen 4, see
-// pick_isa); FUSIONLENS_CPU_ISA=avx512|avx2|base (read per call) picks another, for tests and
-// measurements; a copy the CPU cannot run is never picked.
+// source runs on any x86-64. The default is the AVX2 copy for fp32/fp16 and the AVX-512 copy for
+// bf16 (measured on Zen 4, see pick_isa); FUSIONLENS_CPU_ISA=avx512|avx2|base (read per call)
+// picks another, for tests and measurements; a copy the CPU cannot run is never picked.
 //
-// Python allocates every output (kernels/norms.py) and passes it in, so tests can poison them.
+// The *_fwd/*_bwd ops write outputs Python allocates (kernels/norm_function.py, poisonable in
+// tests); norm_train allocates its own, with the poisoning and huge-page policy passed from Python.
 // Shapes: x, residual, y, sum_out, dy, dx, dadd: [M, N] contiguous; weight, bias, dw, db: [N]
 // float32; mean, rstd: [M] float32. An undefined/empty optional tensor means "absent".
 #include "common.h"
