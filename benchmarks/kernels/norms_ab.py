@@ -9,15 +9,14 @@ Not a bench_kernels family (no `cases`): run it directly,
 The old source is extracted with `git show REV:kernels/csrc/norms.cpp` (and the csrc headers at
 REV, so the old .cpp never compiles against the working tree's headers), its ops renamed to
 `fusionlens_before::*`, and built alone (same flags as kernels/_build.py) under
-benchmarks/.cache/; the new ops are the project's extension. Both see the same inputs, so the
-per-round ratio before/after cancels most of the machine's load swings. Rows (benchmark
-"norms_ab", variants before_<rev> / after, wall and CPU time, speedup) go to benchmarks/results/.
+benchmarks/.cache/norms_ab/ by benchmarks/kernels/ab_build.py; the new ops are the project's
+extension. Both see the same inputs, so the per-round ratio before/after cancels most of the
+machine's load swings. Rows (benchmark = the op, e.g. "layer_norm"; variants before_<rev> / after,
+wall and CPU time, and after_vs_before_<rev> speedup) go to benchmarks/results/<csv>.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,40 +26,14 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.harness import append_rows, interleave, percentiles, print_table, timing_rows  # noqa: E402
+from benchmarks.kernels.ab_build import CACHE, build_variant, run_ab, sources_at  # noqa: E402
 
 
 def load_old(rev: str) -> object:
-    """Build norms.cpp at `rev` with its ops renamed to fusionlens_before; return that op namespace."""
-    from torch.utils import cpp_extension
+    """Build norms.cpp (and the headers) at `rev` with its ops renamed to fusionlens_before; return them."""
+    from kernels._build import CFLAGS
 
-    from kernels._build import CFLAGS, LDFLAGS
-
-    def show(path: str) -> str:
-        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, text=True, capture_output=True,
-                              check=True).stdout
-
-    src = show("kernels/csrc/norms.cpp")
-    src = src.replace("TORCH_LIBRARY_FRAGMENT(fusionlens,", "TORCH_LIBRARY_FRAGMENT(fusionlens_before,")
-    src = src.replace("TORCH_LIBRARY_IMPL(fusionlens,", "TORCH_LIBRARY_IMPL(fusionlens_before,")
-    build = ROOT / "benchmarks" / ".cache" / f"norms_ab_{rev}"
-    (build / "include").mkdir(parents=True, exist_ok=True)
-    # The headers norms.cpp includes (norms_impl.h, per_isa.h, common.h) at the same revision, so
-    # "before" is the old code throughout, not the old .cpp over the working tree's headers.
-    listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "kernels/csrc/"], cwd=ROOT, text=True,
-                            capture_output=True, check=True).stdout.split()
-    for header in (h for h in listed if h.endswith(".h")):
-        dst = build / "include" / Path(header).name
-        text = show(header)
-        if not dst.exists() or dst.read_text() != text:
-            dst.write_text(text)
-    path = build / "norms_before.cpp"
-    if not path.exists() or path.read_text() != src:
-        path.write_text(src)
-    cpp_extension.load(name=f"fl_norms_before_{rev}", sources=[str(path)], extra_cflags=CFLAGS,
-                       extra_ldflags=LDFLAGS, extra_include_paths=[str(build / "include")],
-                       build_directory=str(build), is_python_module=False)
-    return torch.ops.fusionlens_before
+    return getattr(torch.ops, build_variant("before", sources_at(rev, ["norms.cpp"]), CFLAGS, CACHE / "norms_ab"))
 
 
 def op_calls(ops, t: dict) -> dict:
@@ -108,21 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             calls_b, calls_a = op_calls(old, tb), op_calls(new, ta)
             inner = max(2, int(6e6 / (m * n)))
             for op in calls_a:
-                load = os.getloadavg()[0]
-                timing = interleave({before: calls_b[op], "after": calls_a[op]}, rounds=args.rounds, inner=inner)
-                shape = f"{m}x{n} {str(dtype).replace('torch.', '')} {op.split()[1]}"
-                notes = f"threads={args.threads}; load={load:.1f}; preallocated outputs; A/B vs {args.rev}"
-                rows = timing_rows(op.split()[0], shape, timing, notes=notes)
-                speed = timing.ratio(before, "after")
-                rows.append(dict(benchmark=op.split()[0], variant=f"after_vs_{before}", shape=shape,
-                                 metric="speedup_wall", p20=speed[0], p50=speed[1], p80=speed[2], unit="x",
-                                 notes=notes))
-                append_rows(args.csv, rows)
-                pb = percentiles(x * 1e3 for x in timing.wall_s[before])
-                pa = percentiles(x * 1e3 for x in timing.wall_s["after"])
-                print_table(f"{op.split()[0]} {shape} threads={args.threads} load={load:.1f}",
-                            ["variant", "p20 ms", "p50 ms", "p80 ms", "before/after p20/p50/p80"],
-                            [[before, *pb, ""], ["after", *pa, "/".join(f"{v:.2f}" for v in speed)]])
+                kernel, direction = op.split()
+                shape = f"{m}x{n} {str(dtype).replace('torch.', '')} {direction}"
+                run_ab({before: calls_b[op], "after": calls_a[op]}, baseline=before, candidate="after",
+                       speedup_variant=f"after_vs_{before}", benchmark=kernel, shape=shape, title=f"{kernel} {shape}",
+                       threads=args.threads, detail=f"A/B vs {args.rev}", csv=args.csv, rounds=args.rounds,
+                       inner=inner)
     return 0
 
 
