@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
           f"activations {old.activations_isa()}/{new.activations_isa()}, softmax {old.softmax_isa()}/{new.softmax_isa()}")
     torch.set_num_threads(args.threads)
     src = f"snapshot {snap}" + (f"; old side from {args.old_rev} ({old_snap})" if args.old_rev else "")
-    detail = (f"{src}; old={' '.join(OLD_CFLAGS)}; new={' '.join(CFLAGS)}" + (f"; alt={args.alt_flags}" if alt is not None else ""))
+    detail = f"{src}; old={' '.join(OLD_CFLAGS)}; new={' '.join(CFLAGS)}"
+    detail += f"; alt={args.alt_flags}" if alt is not None else ""
     dtype = getattr(torch, args.dtype)
     for m, n in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]:
         calls_o, calls_n = op_calls(old, buffers(m, n, dtype)), op_calls(new, buffers(m, n, dtype))

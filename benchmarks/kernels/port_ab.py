@@ -10,8 +10,9 @@ Not a bench_kernels family (no `cases`): run it directly,
 
 Both sides are built by benchmarks/kernels/ab_build.py under benchmarks/.cache/port_ab/ with their
 ops renamed (fusionlens_before / fusionlens_after), each with its own copy of the headers (from the
-same revision as its sources), so neither touches the project's extension. Shapes are the bench_kernels ones: rope q 4x12x512x64 (fwd), cross-entropy 4096x32000
-fp32 (ce_forward, ce_backward), AdamW and LAMB steps over the 52-tensor, 35.4M-parameter set of
+same revision as its sources), so neither touches the project's extension. Shapes are the
+bench_kernels ones: rope q 4x12x512x64 (fwd), cross-entropy 4096x32000 fp32 (ce_forward,
+ce_backward), AdamW and LAMB steps over the 52-tensor, 35.4M-parameter set of
 benchmarks/kernels/optim.py. Rows: benchmark "port_ab <op>", variants before_<rev> / after and the
 per-round speedup after over before.
 """
