@@ -12,7 +12,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 # CUPTI (13.4 needs nvidia-cuda-cupti~=13.4 and pyelftools, which the image lacks: `import cupti` fails).
 GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1
 
-.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture clean
+.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,9 @@ bench-kernels: $(DEVSTAMP)
 
 bench-capture: $(DEVSTAMP)
 	$(PY) benchmarks/bench_capture.py
+
+bench-build: $(DEVSTAMP)
+	$(PY) benchmarks/bench_build.py
 
 clean:
 	rm -rf $(VENV) .fusionlens .pytest_cache

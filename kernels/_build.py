@@ -1,12 +1,15 @@
 """Builds the one C++ extension that holds every CPU kernel, once, and caches it.
 
-All `kernels/csrc/*.cpp` files compile into a single shared library (one build, ~70 s on 2 idle cores the first
-time) under `<data dir>/cpp_build/<hash>/`, where the hash covers the sources, the compiler flags,
+All `kernels/csrc/*.cpp` files compile into a single shared library (one build, ~44 s on this
+2-core VM the first time) under `<data dir>/cpp_build/<hash>/`, where the hash covers the sources, the compiler flags,
 torch's version and this CPU. The flags target the compiler's baseline (no -march=native): every
 kernel's hot loops are compiled once per instruction set (AVX-512, AVX2+FMA, baseline; see
 csrc/per_isa.h) and the best copy the CPU runs is picked at run time, so the library itself is
 portable; keying the hash on the CPU too is only conservative. Each source registers its ops with
 `TORCH_LIBRARY_FRAGMENT(fusionlens, m)`, so they appear as `torch.ops.fusionlens.<op>`.
+The sources include only the ATen/c10 headers they use, never <torch/extension.h> (23 s of parsing
+per file against 3-6 s): that made the first build 1.6x faster (73 -> 44 s, benchmarks/bench_build.py).
+Earlier builds beyond the newest few are deleted after a load (`_prune_builds`).
 
 Nothing is built at import time: the first call of `load_cpu_ops()` builds or loads.
 """
@@ -33,8 +36,11 @@ CSRC = Path(__file__).parent / "csrc"
 # kernels' reductions are written in vector form, so results keep IEEE rounding). -fno-math-errno
 # only stops libm calls from setting errno, which nothing reads; without it GCC keeps std::sqrt
 # a checked call that blocks vectorization of the optimizer loops. It changes no result.
-CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-std=c++17"]
+CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 LDFLAGS = ["-fopenmp"]
+KEEP_BUILDS = 3  # the current build and the two most recently used others (switching branches back and forth)
+PRUNE_MIN_AGE_S = 600.0
+LAST_USED = "last_used"
 _lock = threading.Lock()
 _loaded = False
 
@@ -105,7 +111,7 @@ def load_cpu_ops(verbose: bool = False) -> None:
             if not (build_dir / "fusionlens_cpu.so").exists():
                 reused = _seed_from_previous(build_dir)
                 print(f"FusionLens: building the CPU kernels once into {build_dir} "
-                      f"(about 1-2 min on 2 cores, less on more; {reused} unchanged objects reused)...", file=sys.stderr, flush=True)
+                      f"(about 45 s on 2 cores, less on more; {reused} unchanged objects reused)...", file=sys.stderr, flush=True)
             try:
                 cpp_extension.load(
                     name="fusionlens_cpu",
@@ -119,7 +125,50 @@ def load_cpu_ops(verbose: bool = False) -> None:
                 )
             except Exception as exc:
                 raise RuntimeError(_failure_summary(exc, build_dir)) from exc
+        _mark_used(build_dir)
+        _prune_builds(build_dir)
         _loaded = True
+
+
+def _mark_used(build_dir: Path) -> None:
+    """Touch the build's `last_used` stamp (what pruning orders by; the library's own mtime is ninja's)."""
+    try:
+        (build_dir / LAST_USED).touch()
+    except OSError:
+        pass
+
+
+def _prune_builds(current: Path, keep: int = KEEP_BUILDS, min_age_s: float = PRUNE_MIN_AGE_S) -> list[Path]:
+    """Delete earlier builds beyond the newest `keep` (each is ~5 MB; every source edit or torch
+    upgrade makes one); returns what was deleted.
+
+    A build directory is left alone while another process holds its lock (a build running there)
+    or when it was used in the last `min_age_s` (a process may be about to load it). A library
+    already loaded elsewhere stays mapped after its file is deleted, so running processes are safe.
+    """
+    builds = [d for d in current.parent.iterdir() if d.is_dir() and d != current]
+
+    def last_used(d: Path) -> float:
+        marks = [d / LAST_USED, d / "fusionlens_cpu.so", d / ".ninja_log", d]
+        return max(m.stat().st_mtime for m in marks if m.exists())
+
+    builds.sort(key=last_used, reverse=True)
+    deleted = []
+    now = time.time()
+    for d in builds[max(keep - 1, 0):]:  # `keep` counts the current build
+        try:
+            if now - last_used(d) < min_age_s:
+                continue
+            with open(d / "fusionlens.flock", "a") as lock_file:
+                try:
+                    fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # someone is building there
+                shutil.rmtree(d)
+            deleted.append(d)
+        except OSError:
+            continue  # vanished meanwhile, or not ours to delete: leave it
+    return deleted
 
 
 def _seed_from_previous(build_dir: Path) -> int:

@@ -10,7 +10,7 @@
 // speed does not depend on -march=native. GELU (erf) uses an inline rational erf, GELU (tanh)
 // x * sigmoid(2u) and SiLU x * sigmoid(x), both with common.h's inline exp.
 // Outputs are allocated by the caller (Python, `kernels.registry.new_output`) and passed in.
-#include <torch/extension.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include "common.h"

@@ -18,7 +18,7 @@
 // lowers it); they need neither -march=native nor -ffast-math.
 #include "common.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cmath>
 #include <cstring>

@@ -15,12 +15,13 @@
 // picks another, for tests and measurements; a copy the CPU cannot run is never picked.
 //
 // The *_fwd/*_bwd ops write outputs Python allocates (kernels/norm_function.py, poisonable in
-// tests); norm_train allocates its own, with the poisoning and huge-page policy passed from Python.
+// tests); the training op with its C++ autograd node (norm_train) is in norm_train.cpp and calls
+// these four through norms.h.
 // Shapes: x, residual, y, sum_out, dy, dx, dadd: [M, N] contiguous; weight, bias, dw, db: [N]
 // float32; mean, rstd: [M] float32. An undefined/empty optional tensor means "absent".
 #include "common.h"
 
-#include <torch/csrc/autograd/custom_function.h>
+#include "norms.h"
 
 #include <cmath>
 #include <limits>
@@ -31,9 +32,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#endif
-#if defined(__linux__)
-#include <sys/mman.h>
 #endif
 
 
@@ -153,6 +151,8 @@ void check_out(const at::Tensor& t, at::ScalarType dtype, int64_t numel, const c
 
 bool stream_for(const at::Tensor& x) { return stream_output(x.numel(), x.element_size()); }
 
+}  // namespace
+
 void layer_norm_fwd(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                     const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, double eps,
                     at::Tensor y, at::Tensor sum_out, at::Tensor mean, at::Tensor rstd) {
@@ -220,175 +220,7 @@ void rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const c10::optional
   });
 }
 
-// ---------------------------------------------------------------- training op (C++ autograd node)
-// fusionlens::norm_train runs LayerNorm/RMSNorm (optionally after the residual add) with its
-// autograd node in C++: the Python autograd.Function in kernels/norm_function.py cost ~75 us a
-// step more than ATen's C++ node (benchmarks/results/kernels_norms_cpu.md). Same kernels, same
-// outputs; the allocation policy (NaN poisoning in tests, huge-page advice for large outputs) is
-// decided in Python (kernels/registry.py, kernels/_alloc.py) and passed in.
-struct AllocPolicy {
-  bool poison;
-  int64_t hugepage_min_bytes, hugepage_bytes;  // hugepage_bytes 0: no advice
-};
-
-// A contiguous output: madvise(MADV_HUGEPAGE) on its aligned interior when large (as
-// kernels/_alloc.py does), NaN-filled when poisoning.
-at::Tensor new_out(at::IntArrayRef shape, const at::TensorOptions& opt, const AllocPolicy& p) {
-  at::Tensor t = at::empty(shape, opt);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
-  if (p.hugepage_bytes > 0 && nbytes >= p.hugepage_min_bytes) {
-    const uintptr_t ptr = reinterpret_cast<uintptr_t>(t.data_ptr()), page = p.hugepage_bytes;
-    const uintptr_t start = (ptr + page - 1) / page * page, end = (ptr + nbytes) / page * page;
-    if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);  // advice only
-  }
-#endif
-  if (p.poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
-  return t;
-}
-
-at::Tensor value_or_undefined(const c10::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
-
-c10::optional<at::Tensor> opt_t(const at::Tensor& t) { return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt; }
-
-// (offset + weight) as contiguous fp32, as kernels/norms.py's Python path: LayerNorm uses weight;
-// llama casting rounds offset + weight to weight's dtype first, gemma adds in fp32.
-at::Tensor effective_weight(const at::Tensor& w, double offset, bool rms, bool llama_cast) {
-  if (!w.defined()) return w;
-  if (!rms || offset == 0.0) return w.to(at::kFloat).contiguous();
-  return (llama_cast ? w.add(offset).to(at::kFloat) : w.to(at::kFloat).add(offset)).contiguous();
-}
-
-struct TrainFwd {
-  at::Tensor sum, y;                   // [..., N] (sum: [0] without a residual)
-  at::Tensor src, w_eff, mean, rstd;   // what the backward reads: [M, N] input (or sum), fp32 stats
-};
-
-TrainFwd train_forward(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                       const at::Tensor& bias, double eps, double offset, bool rms, bool llama_cast,
-                       const AllocPolicy& p) {
-  TORCH_CHECK(x.dim() >= 1, "fusionlens::norm_train: x must have at least one dimension");
-  const int64_t n = x.size(-1);
-  int64_t m = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) m *= x.size(d);
-  const at::Tensor x2 = x.reshape({m, n}).contiguous();
-  const at::Tensor r2 = residual.defined() ? residual.reshape({m, n}).contiguous() : at::Tensor();
-  const auto opt = x2.options(), f32 = opt.dtype(at::kFloat);
-  TrainFwd o;
-  at::Tensor y = new_out({m, n}, opt, p);
-  at::Tensor s = r2.defined() ? new_out({m, n}, opt, p) : at::empty({0}, opt);
-  o.rstd = new_out({m}, f32, p);
-  if (!rms) o.mean = new_out({m}, f32, p);
-  o.w_eff = effective_weight(weight, offset, rms, llama_cast);
-  const at::Tensor b32 = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
-  if (x2.numel()) {
-    if (rms) rms_norm_fwd(x2, opt_t(r2), opt_t(o.w_eff), eps, llama_cast, y, s, o.rstd);
-    else layer_norm_fwd(x2, opt_t(r2), opt_t(o.w_eff), opt_t(b32), eps, y, s, o.mean, o.rstd);
-  }
-  o.src = r2.defined() ? s : x2;
-  o.y = y.view(x.sizes());
-  o.sum = r2.defined() ? s.view(x.sizes()) : s;
-  return o;
-}
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-struct NormTrain : public torch::autograd::Function<NormTrain> {
-  // An absent optional tensor has no autograd edge: edges are numbered over the present tensors
-  // (x, then residual, weight, bias when given); "edges" keeps each one's number, or -1.
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const c10::optional<at::Tensor>& res,
-                               const c10::optional<at::Tensor>& w, const c10::optional<at::Tensor>& b, double eps,
-                               double offset, bool rms, bool llama_cast, bool poison, int64_t hp_min,
-                               int64_t hp_bytes) {
-    const at::Tensor residual = value_or_undefined(res), weight = value_or_undefined(w), bias = value_or_undefined(b);
-    TrainFwd o = train_forward(x, residual, weight, bias, eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes});
-    std::vector<int64_t> edges{0, -1, -1, -1};
-    int64_t next = 1;
-    for (int i = 1; i < 4; ++i) {
-      if ((i == 1 ? residual : i == 2 ? weight : bias).defined()) edges[i] = next++;
-    }
-    ctx->saved_data["edges"] = edges;
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward({o.src, o.w_eff, o.mean, o.rstd});
-    ctx->saved_data["shape"] = x.sizes().vec();
-    ctx->saved_data["flags"] = std::vector<bool>{rms, llama_cast, residual.defined(), poison};
-    ctx->saved_data["hp"] = std::vector<int64_t>{hp_min, hp_bytes};
-    ctx->saved_data["w_dtype"] = weight.defined() ? weight.scalar_type() : at::kFloat;
-    ctx->saved_data["b_dtype"] = bias.defined() ? bias.scalar_type() : at::kFloat;
-    if (!residual.defined()) ctx->mark_non_differentiable({o.sum});
-    return {o.sum, o.y};
-  }
-
-  // The Python backward of kernels/norm_function.py, line for line. Its kernels are called
-  // directly (no autograd graph): a double backward finds grads without grad_fn, as before.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &src = saved[0], &w_eff = saved[1], &mean = saved[2], &rstd = saved[3];
-    const auto flags = ctx->saved_data["flags"].toBoolList();
-    const bool rms = flags[0], llama_cast = flags[1], fused_add = flags[2];
-    const auto hp = ctx->saved_data["hp"].toIntVector();
-    const AllocPolicy p{flags[3], hp[0], hp[1]};
-    const auto shape = ctx->saved_data["shape"].toIntVector();
-    const at::Tensor dsum = fused_add ? grads[0] : at::Tensor(), dy = grads[1];
-    const int64_t m = src.size(0), n = src.size(1);
-    const auto edges = ctx->saved_data["edges"].toIntVector();
-    const auto need = [&](int i) { return edges[i] >= 0 && ctx->needs_input_grad(edges[i]); };
-    const bool need_x = need(0), need_r = need(1), need_w = need(2), need_b = need(3);
-    const auto f32 = src.options().dtype(at::kFloat);
-    at::Tensor dw = need_w ? new_out({n}, f32, p) : at::empty({0}, f32);
-    at::Tensor db = need_b ? new_out({n}, f32, p) : at::empty({0}, f32);
-    at::Tensor dx;
-    if (!dy.defined()) {  // only the sum was used downstream
-      dx = dsum.defined() ? dsum.reshape(shape) : at::Tensor();
-      dw.zero_();
-      db.zero_();
-    } else {
-      const at::Tensor dy2 = dy.reshape({m, n}).contiguous();
-      const at::Tensor da2 = dsum.defined() ? dsum.reshape({m, n}).contiguous() : at::Tensor();
-      dx = new_out({m, n}, src.options(), p);
-      if (src.numel() == 0) {
-        dw.zero_();
-        db.zero_();
-      } else if (rms) {
-        rms_norm_bwd(dy2, src, opt_t(w_eff), rstd, opt_t(da2), llama_cast, dx, dw);
-      } else {
-        layer_norm_bwd(dy2, src, opt_t(w_eff), mean, rstd, opt_t(da2), dx, dw, db);
-      }
-      dx = dx.view(shape);
-    }
-    variable_list out(11);
-    if (need_x) out[0] = dx;
-    if (need_r) out[1] = dx;
-    if (need_w) out[2] = dw.to(ctx->saved_data["w_dtype"].toScalarType());
-    if (need_b) out[3] = db.to(ctx->saved_data["b_dtype"].toScalarType());
-    return out;
-  }
-};
-
-// The forward alone: below autograd (inference mode), and under no_grad or when no input requires grad.
-std::tuple<at::Tensor, at::Tensor> norm_train_cpu(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
-                                                  const c10::optional<at::Tensor>& weight,
-                                                  const c10::optional<at::Tensor>& bias, double eps, double offset,
-                                                  bool rms, bool llama_cast, bool poison, int64_t hp_min,
-                                                  int64_t hp_bytes) {
-  TrainFwd o = train_forward(x, value_or_undefined(residual), value_or_undefined(weight), value_or_undefined(bias),
-                             eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes});
-  return {o.sum, o.y};
-}
-
-std::tuple<at::Tensor, at::Tensor> norm_train_autograd(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
-                                                       const c10::optional<at::Tensor>& weight,
-                                                       const c10::optional<at::Tensor>& bias, double eps,
-                                                       double offset, bool rms, bool llama_cast, bool poison,
-                                                       int64_t hp_min, int64_t hp_bytes) {
-  const auto grad = [](const c10::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  if (!at::GradMode::is_enabled() || !(x.requires_grad() || grad(residual) || grad(weight) || grad(bias))) {
-    return norm_train_cpu(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
-  }
-  auto out = NormTrain::apply(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
-  return {out[0], out[1]};
-}
+namespace {
 
 // The instruction-set copy the norm ops run on this CPU now for dtype (default float32), after
 // FUSIONLENS_CPU_ISA.
@@ -409,9 +241,6 @@ TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
   m.def("rms_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor rstd, Tensor? dadd, bool llama_cast, "
         "Tensor(a!) dx, Tensor(b!) dw) -> ()");
   m.def("norms_isa(ScalarType? dtype=None) -> str", &fusionlens::norms_isa);
-  // (sum [0] without a residual, y); rms: RMSNorm (weight_eff = offset + weight), else LayerNorm.
-  m.def("norm_train(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, float offset, bool rms, "
-        "bool llama_cast, bool poison=False, int hugepage_min_bytes=0, int hugepage_bytes=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusionlens, CPU, m) {
@@ -419,9 +248,4 @@ TORCH_LIBRARY_IMPL(fusionlens, CPU, m) {
   m.impl("layer_norm_bwd", &fusionlens::layer_norm_bwd);
   m.impl("rms_norm_fwd", &fusionlens::rms_norm_fwd);
   m.impl("rms_norm_bwd", &fusionlens::rms_norm_bwd);
-  m.impl("norm_train", &fusionlens::norm_train_cpu);
-}
-
-TORCH_LIBRARY_IMPL(fusionlens, Autograd, m) {
-  m.impl("norm_train", &fusionlens::norm_train_autograd);
 }

@@ -25,7 +25,8 @@
 // so neither -march=native nor -ffast-math is needed.
 #include "common.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 // halves, the cat, *sin) and reads them back; this reads x once and writes the output once.
 // The row loop lives in rope_impl.h, compiled once per instruction set (AVX-512, AVX2+FMA, the
 // build's baseline) and picked at run time (common.h cpu_isa; FUSIONLENS_CPU_ISA lowers it).
-#include <torch/extension.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include "common.h"

@@ -11,7 +11,7 @@
 // FUSIONLENS_CPU_ISA lowers it), so their speed does not depend on -march=native. Semantics follow eager exactly where it matters: a row whose every
 // element is -inf (fully masked) gives NaN, NaN/+Inf in a row make the row NaN; causal-masked
 // positions get 0 (NaN if the row is NaN) and a zero gradient (as masked_fill's backward gives).
-#include <torch/extension.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include "common.h"

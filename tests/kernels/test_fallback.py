@@ -4,7 +4,10 @@ result) keeps the reason, shows it in `available_providers()`, and every kernel 
 ValueError line. The probe cache is patched with monkeypatch, so it is restored afterwards."""
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+import time
 
 import pytest
 import torch
@@ -91,3 +94,37 @@ def test_triton_without_gpu_has_a_reason() -> None:
     assert reason == "no CUDA GPU" or reason.startswith("Triton not installed")
     with pytest.raises(ValueError, match=re.escape(f"softmax: provider 'triton' unavailable: {reason}")):
         kernels.softmax(torch.randn(2, 3), provider="triton")
+
+
+def _fake_build(root, name: str, age_s: float, now: float):
+    d = root / name
+    d.mkdir()
+    (d / "fusionlens_cpu.so").write_bytes(b"x")
+    (d / _build.LAST_USED).touch()
+    for f in (d / "fusionlens_cpu.so", d / _build.LAST_USED, d):
+        os.utime(f, (now - age_s, now - age_s))
+    return d
+
+
+def test_old_builds_are_pruned_keeping_the_newest(tmp_path) -> None:
+    now = time.time()
+    current = _fake_build(tmp_path, "current", 5_000, now)  # the build in use: never deleted, however old
+    newer = [_fake_build(tmp_path, f"newer{i}", 3_000 + i, now) for i in range(2)]
+    old = [_fake_build(tmp_path, f"old{i}", 10_000 + i, now) for i in range(3)]
+    deleted = _build._prune_builds(current, keep=3, min_age_s=600)  # current + the 2 newest others
+    assert sorted(p.name for p in deleted) == ["old0", "old1", "old2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "newer0", "newer1"]
+    assert all(d.exists() for d in newer) and not any(d.exists() for d in old)
+
+
+def test_prune_spares_builds_in_use_or_locked(tmp_path) -> None:
+    now = time.time()
+    current = _fake_build(tmp_path, "current", 0, now)
+    fresh = _fake_build(tmp_path, "fresh", 60, now)  # used a minute ago: a process may be loading it
+    locked = _fake_build(tmp_path, "locked", 20_000, now)
+    stale = _fake_build(tmp_path, "stale", 20_000, now)
+    with open(locked / "fusionlens.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a build in progress in another process
+        deleted = _build._prune_builds(current, keep=1, min_age_s=600)
+    assert deleted == [stale]
+    assert current.exists() and fresh.exists() and locked.exists() and not stale.exists()
