@@ -6,6 +6,7 @@ Not a bench_kernels family (no `cases`): run it directly,
 
     .venv/bin/python benchmarks/kernels/flags_ab.py [--threads 1] [--rounds 11]
         [--shapes 4096x768,4096x4096] [--csv kernels_flags_ab.csv]
+        [--old-rev REV [--old-flags current]]   (same flags: a source A/B of REV vs the working tree)
 
 Both builds are made by benchmarks/kernels/ab_build.py under benchmarks/.cache/flags_ab/ with their
 ops renamed (fusionlens_old / fusionlens_new), so the project's own extension is not touched; the
@@ -66,23 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alt-flags", default="", help="a third build's flags (space separated), timed as alt_flags")
     ap.add_argument("--old-rev", default="", help="build the old-flags side from this git revision's kernels/csrc "
                     "(default: the same working-tree snapshot as the new side)")
+    ap.add_argument("--old-flags", default="", help="the old side's flags (space separated; 'current' = "
+                    "kernels/_build.py CFLAGS, for a same-flags A/B of --old-rev against the working tree; "
+                    "default: the old -march=native -ffast-math set)")
     args = ap.parse_args(argv)
     from kernels._build import CFLAGS
+
+    old_cflags = list(CFLAGS) if args.old_flags == "current" else (args.old_flags.split() or list(OLD_CFLAGS))
 
     files = sources_at(None, SOURCES)  # read once: both sides see the same working-tree bytes
     old_files = sources_at(args.old_rev, SOURCES) if args.old_rev else files
     snap, old_snap = snapshot_id(files), snapshot_id(old_files)
     cache = CACHE / "flags_ab"
-    old = getattr(torch.ops, build_variant("old", old_files, OLD_CFLAGS, cache))
+    old = getattr(torch.ops, build_variant("old", old_files, old_cflags, cache))
     new = getattr(torch.ops, build_variant("new", files, CFLAGS, cache))
     alt_flags = args.alt_flags.split()
     alt = getattr(torch.ops, build_variant("alt", files, alt_flags, cache)) if alt_flags else None
-    print(f"snapshot {snap} (old side {old_snap}); old flags {' '.join(OLD_CFLAGS)}; new flags {' '.join(CFLAGS)}; "
+    print(f"snapshot {snap} (old side {old_snap}); old flags {' '.join(old_cflags)}; new flags {' '.join(CFLAGS)}; "
           f"ISA copies old/new: norms {old.norms_isa()}/{new.norms_isa()}, "
           f"activations {old.activations_isa()}/{new.activations_isa()}, softmax {old.softmax_isa()}/{new.softmax_isa()}")
     torch.set_num_threads(args.threads)
     src = f"snapshot {snap}" + (f"; old side from {args.old_rev} ({old_snap})" if args.old_rev else "")
-    detail = f"{src}; old={' '.join(OLD_CFLAGS)}; new={' '.join(CFLAGS)}"
+    detail = f"{src}; old={' '.join(old_cflags)}; new={' '.join(CFLAGS)}"
     detail += f"; alt={args.alt_flags}" if alt is not None else ""
     dtype = getattr(torch, args.dtype)
     for m, n in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]:
