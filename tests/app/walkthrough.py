@@ -1,0 +1,156 @@
+"""Look at the Load page as a user would: upload every bundled trace and some bad files in a real
+headless Chromium, and write one full-page screenshot plus the page's text per upload.
+
+Not a test (it asserts nothing); a helper for looking. Run from the repo root:
+
+    .venv/bin/python -m tests.app.walkthrough OUT_DIR [NAME_SUBSTRING ...]          # Load page
+    .venv/bin/python -m tests.app.walkthrough profile OUT_DIR [NAME_SUBSTRING ...]  # Profile page
+
+The server and the browser are started here and stopped on exit (one of each at a time).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.app.test_browser import CHROMIUM, FLAGS, ROOT, _serve
+
+TRACES = ROOT / "tests" / "data" / "traces"
+
+
+def bad_inputs(folder: Path) -> list[tuple[str, list[Path]]]:
+    """(label, files) for the bad uploads: empty, truncated gzip, JSON that is not a trace."""
+    empty = folder / "empty.json"
+    empty.write_bytes(b"")
+    raw = (TRACES / "tracelens_h100_bert_small.json.gz").read_bytes()
+    truncated = folder / "truncated.json.gz"
+    truncated.write_bytes(raw[: len(raw) // 2])
+    not_trace = folder / "not_a_trace.json"
+    not_trace.write_text(json.dumps({"hello": [1, 2, 3]}))
+    garbage = folder / "garbage.json.gz"
+    garbage.write_bytes(gzip.compress(b"this is not json at all"))
+    return [("empty", [empty]), ("truncated", [truncated]), ("not_a_trace", [not_trace]),
+            ("garbage_gz", [garbage])]
+
+
+def cases(folder: Path) -> list[tuple[str, list[Path]]]:
+    """Every bundled trace alone, the 2-rank pair together, then the bad inputs."""
+    out = [(p.name.split(".json")[0], [p]) for p in sorted(TRACES.glob("*.json.gz"))]
+    pair = [TRACES / "hta_a100_rank0of2_nccl_data.json.gz", TRACES / "hta_v100_rank1of2_trace_diff_test.json.gz"]
+    out.append(("pair_rank0_rank1", pair))
+    return out + bad_inputs(folder)
+
+
+def shoot(page, path: Path) -> None:
+    """Streamlit scrolls inside its main section, so full_page alone stops at the viewport: grow the
+    viewport to the content's height first."""
+    height = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=stMain], "
+                           "[data-testid=stMainBlockContainer]')].map(e => e.scrollHeight))")
+    page.set_viewport_size({"width": 1400, "height": min(max(int(height) + 80, 1000), 6000)})
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(path), full_page=True)
+
+
+def walk(out_dir: Path, only: list[str]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, _serve(Path(tmp)) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        for label, files in cases(Path(tmp)):
+            if only and not any(s in label for s in only):
+                continue
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_text("Load a trace").first.wait_for(timeout=60_000)
+            page.locator("input[type=file]").set_input_files([str(f) for f in files])
+            page.wait_for_timeout(1500)
+            page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=180_000)
+            page.wait_for_timeout(1000)
+            shoot(page, out_dir / f"{label}.png")
+            (out_dir / f"{label}.txt").write_text(page.get_by_test_id("stMain").inner_text())
+            print(label, "done", flush=True)
+            page.close()
+        browser.close()
+
+
+def _settle(page) -> None:
+    page.wait_for_timeout(400)
+    page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=180_000)
+
+
+def _pick(page, label: str, option: str) -> None:
+    page.get_by_role("combobox", name=label).click()
+    page.get_by_role("option", name=re.compile("^" + re.escape(option))).first.click()
+    _settle(page)
+
+
+def _number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label)
+    box.fill(str(value))
+    box.press("Enter")
+    _settle(page)
+
+
+def profile_walk(out_dir: Path, only: list[str]) -> None:
+    """Profile page: zoo captures in infer and train (a shot while running), then bad local specs."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, _serve(Path(tmp)) as url, sync_playwright() as pw:
+        raising = Path(tmp) / "raises.py"
+        raising.write_text("def build():\n    raise ValueError('bad config 42')\n")
+        runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
+                ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
+                ("missing_spec", None, "infer", "no/such/file.py:build"),
+                ("raising_spec", None, "infer", f"{raising}:build")]
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        for label, zoo, mode, spec in runs:
+            if only and not any(s in label for s in only):
+                continue
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
+            page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+            _settle(page)
+            if zoo:
+                name, _, size = zoo.partition(":")
+                _pick(page, "Zoo model", name)
+                _pick(page, "Size", size or "small")
+            else:
+                page.get_by_text("Local spec").click()
+                _settle(page)
+                box = page.get_by_role("textbox", name="Model spec")
+                box.fill(spec)
+                box.press("Enter")
+                _settle(page)
+            page.get_by_text(mode, exact=False).filter(has_text=re.compile("^" + mode)).first.click()
+            _settle(page)
+            _pick(page, "Roofline ceilings", "quick")
+            if "medium" in label:
+                _number(page, "Active steps (kept)", 10)
+            page.get_by_role("button", name="Profile", exact=True).click()
+            try:  # catch the progress bar while the capture runs (a tiny one may finish first)
+                page.get_by_test_id("stProgress").wait_for(timeout=5_000)
+                page.wait_for_timeout(700)
+            except Exception:  # noqa: BLE001 - playwright's TimeoutError; the shot is taken either way
+                pass
+            shoot(page, out_dir / f"{label}_running.png")
+            _settle(page)
+            page.wait_for_timeout(500)
+            shoot(page, out_dir / f"{label}.png")
+            (out_dir / f"{label}.txt").write_text(page.get_by_test_id("stMain").inner_text())
+            print(label, "done", flush=True)
+            page.close()
+        browser.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "profile":
+        profile_walk(Path(sys.argv[2]), sys.argv[3:])
+    else:
+        walk(Path(sys.argv[1]), sys.argv[2:])
