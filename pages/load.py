@@ -1,9 +1,9 @@
 """Load page: upload trace files, pick a bundled sample or a local path; show the summary."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
+from pages import load_view as lv
 from pages.state import current_trace, load_paths, load_uploaded, require_router, sample_traces, set_trace
 from profiler.errors import FusionLensError
 from profiler.trace.summary import summarize
@@ -24,56 +24,71 @@ with col_path:
     local_path = st.text_input("…or a path on this machine (file, directory or .zip)", key="local_path")
 
 
-def _try(label: str, loader, *args) -> None:
-    """Load with a spinner; bad input becomes one line, never a traceback."""
+def _try(label: str, loader, *args) -> bool:
+    """Load with a spinner; bad input becomes one line, never a traceback. True when it loaded."""
     try:
         with st.spinner(f"Parsing {label}…"):
             trace = loader(*args)
     except FusionLensError as exc:
         st.error(str(exc))
-        return
+        return False
     except (OSError, MemoryError) as exc:
         st.error(f"{label}: {type(exc).__name__}: {exc}")
-        return
+        return False
     set_trace(trace, label)
+    return True
 
 
+loaded = None  # None: nothing asked this run; False: the asked load failed
 if uploads:
     blobs = [(u.name, u.getvalue()) for u in uploads]
-    _try(", ".join(name for name, _ in blobs), load_uploaded, blobs)
+    loaded = _try(", ".join(name for name, _ in blobs), load_uploaded, blobs)
 elif sample != "(none)":
     path = next(p for p in samples if p.name == sample)
-    _try(sample, load_paths, [str(path)])
+    loaded = _try(sample, load_paths, [str(path)])
 elif local_path.strip():
-    _try(local_path.strip(), load_paths, [local_path.strip()])
+    loaded = _try(local_path.strip(), load_paths, [local_path.strip()])
 
 trace = current_trace()
 if trace is None:
     st.info("No trace loaded yet.")
     st.stop()
+if loaded is False:
+    st.warning("Still showing the trace loaded before: " + st.session_state.get("fusionlens_trace_label", "?"))
 
 summary = summarize(trace)
 st.subheader(st.session_state.get("fusionlens_trace_label", "Trace"))
 cols = st.columns(4)
 cols[0].metric("Events", f"{summary['events']:,}")
 cols[1].metric("Kernels", f"{summary['kernel_count']:,}")
-cols[2].metric("Kernel time", f"{summary['kernel_total_us'] / 1e3:,.2f} ms")
-cols[3].metric("Span", f"{summary['span_us'] / 1e3:,.2f} ms")
+cols[2].metric("Kernel time", lv.fmt_duration_us(summary["kernel_total_us"]),
+               help="Sum of all kernel durations over every stream and rank: above the span when streams overlap")
+cols[3].metric("Span", lv.fmt_duration_us(summary["span_us"]), help="First event start to last event end")
 cols = st.columns(4)
 ranks = list(summary["ranks"])
 cols[0].metric("Ranks", len(ranks), help="rank ids: " + (", ".join(str(r) for r in ranks) or "none recorded"))
 cols[1].metric("GPU streams", summary["streams"])
-cols[2].metric("Skipped events", summary["skipped_events"])
-devices = summary.get("devices") or []
-if devices:
-    st.caption("Device: " + " ".join(str(d) for d in devices))
+skipped = summary.get("skipped_reasons") or {}
+cols[2].metric("Skipped events", f"{summary['skipped_events']:,}",
+               help="; ".join(f"{why}: {n:,}" for why, n in skipped.items()) or "every event was kept")
+if len(ranks) > 1:
+    warning = lv.clock_warning(trace)
+    if warning:
+        st.warning(warning)
+    st.markdown("**Ranks**")
+    st.dataframe(lv.rank_frame(trace), hide_index=True, width="stretch")
+else:
+    st.caption(lv.identity_line(trace.meta))
 
 counts = trace.events["kind"].value_counts().rename_axis("kind").reset_index(name="events")
 counts = counts[counts["events"] > 0]
+st.markdown("**Events by kind**")
 st.dataframe(counts, hide_index=True, width="content")
-top = (trace.kernels.groupby("name", observed=True)["dur_us"].agg(["count", "sum"])
-       .sort_values("sum", ascending=False).head(15).reset_index()
-       .rename(columns={"sum": "total_us"}))
+top = lv.top_kernels(trace, 15)
 if not top.empty:
     st.markdown("**Top kernels by total time**")
-    st.dataframe(pd.DataFrame(top), hide_index=True, width="stretch")
+    num = st.column_config.NumberColumn
+    st.dataframe(top, hide_index=True, width="stretch", height="content", column_config={
+        "kernel": st.column_config.TextColumn(width="large", help="full name on hover"),
+        "calls": num(format="%d"), "total (ms)": num(format="%.3f"), "mean (µs)": num(format="%.2f"),
+        "share of kernel time (%)": num(format="%.1f")})
