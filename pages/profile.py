@@ -55,7 +55,6 @@ cols = st.columns(5)
 device = cols[0].selectbox("Device", pv.usable(pv.device_options(env)), key="profile_device")
 if env["cuda"]:
     cols[0].toggle("cuda", value=False, disabled=True, key="profile_cuda_off", help=env["cuda"])
-    cols[0].caption(f"🚫 cuda is off: {env['cuda']}")
 dtype = cols[1].selectbox("dtype", DTYPES, key="profile_dtype")
 mode = cols[2].radio("Mode", MODES, key="profile_mode", horizontal=True,
                      format_func={"train": "train (fwd+bwd+AdamW)", "infer": "infer"}.get)
@@ -63,6 +62,8 @@ batch = cols[3].number_input("Batch", min_value=1, value=None, step=1, key="prof
                              placeholder="preset", help="Empty: the preset's batch (local specs: their own)")
 ceilings = cols[4].selectbox("Roofline ceilings", list(pv.CEILING_LABELS), key="profile_ceilings",
                              format_func=pv.CEILING_LABELS.get)
+if env["cuda"]:  # full width: in the Device column the reason wrapped into a narrow stack of lines
+    st.caption(f"🚫 cuda is off: {env['cuda']}")
 cols = st.columns(3)
 wait = cols[0].number_input("Wait steps (unprofiled)", 0, 100, 1, key="profile_wait")
 warmup = cols[1].number_input("Warm-up steps (profiled, discarded)", 0, 100, 1, key="profile_warmup")
@@ -133,7 +134,7 @@ else:
     st.caption(pv.ceilings_note(summary.get("roofline_ceilings"), outcome.request.plan.dtype) +
                " Intensity is algorithmic (FLOPs / lower-bound bytes). Headroom = time - time at the roof.")
     num = st.column_config.NumberColumn
-    st.dataframe(roof, hide_index=True, width="stretch", column_config={
+    st.dataframe(roof, hide_index=True, width="stretch", height="content", column_config={
         "op": st.column_config.TextColumn(width="medium"), "kind": st.column_config.TextColumn(width="small"),
         "dtype": st.column_config.TextColumn(width="small"), "calls": num(width="small"),
         "FLOPs": num(format="compact", help="counted by the untimed FLOPs pass"),
