@@ -13,15 +13,23 @@ st.title("📂 Load a trace")
 st.caption("PyTorch profiler (Kineto) traces: `.json`, `.json.gz`, a `.zip`, or several files "
            "for several ranks. Parsed once per content; nothing leaves this machine.")
 
+SOURCE_KEY = "fusionlens_load_source"  # the input the person changed last: it wins over the others
+
+
+def _chose(source: str) -> None:
+    st.session_state[SOURCE_KEY] = source
+
+
 uploads = st.file_uploader("Trace files", type=["json", "gz", "zip"], accept_multiple_files=True,
-                           key="uploads")
+                           key="uploads", on_change=_chose, args=("uploads",))
 col_sample, col_path = st.columns(2)
 samples = sample_traces()
 with col_sample:
     sample = st.selectbox("…or a bundled sample trace", ["(none)"] + [p.name for p in samples],
-                          key="sample")
+                          key="sample", on_change=_chose, args=("sample",))
 with col_path:
-    local_path = st.text_input("…or a path on this machine (file, directory or .zip)", key="local_path")
+    local_path = st.text_input("…or a path on this machine (file, directory or .zip)", key="local_path",
+                               on_change=_chose, args=("local_path",))
 
 
 def _try(label: str, loader, *args) -> bool:
@@ -39,14 +47,18 @@ def _try(label: str, loader, *args) -> bool:
     return True
 
 
+asked = {"uploads": bool(uploads), "sample": sample != "(none)", "local_path": bool(local_path.strip())}
+source = st.session_state.get(SOURCE_KEY)
+if not asked.get(source):  # the last-changed input was cleared: the first one still filled in
+    source = next((k for k, filled in asked.items() if filled), None)
 loaded = None  # None: nothing asked this run; False: the asked load failed
-if uploads:
+if source == "uploads":
     blobs = [(u.name, u.getvalue()) for u in uploads]
     loaded = _try(", ".join(name for name, _ in blobs), load_uploaded, blobs)
-elif sample != "(none)":
+elif source == "sample":
     path = next(p for p in samples if p.name == sample)
     loaded = _try(sample, load_paths, [str(path)])
-elif local_path.strip():
+elif source == "local_path":
     loaded = _try(local_path.strip(), load_paths, [local_path.strip()])
 
 trace = current_trace()

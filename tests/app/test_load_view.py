@@ -126,3 +126,19 @@ def test_tiny_kernel_time_is_not_rounded_to_zero():
     kernels = _raw_kernels(TRACES / "hta_a100_triton_example.json.gz")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Kernel time"] == f"{sum(e['dur'] for e in kernels):,.2f} µs" != "0.00 µs"
+
+
+def test_the_input_changed_last_wins():
+    """A sample picked, then a path typed: the path loads (it used to be ignored while a sample was set),
+    and picking a sample again brings the sample back."""
+    first, second = "tracelens_h100_bert_small.json.gz", TRACES / "tracelens_mi300x_torch_compile_triton.json.gz"
+    at = _app()
+    at.selectbox(key="sample").select(first).run()
+    assert at.session_state["fusionlens_trace_label"] == first
+    at.text_input(key="local_path").input(str(second)).run()
+    assert not at.exception and at.session_state["fusionlens_trace_label"] == str(second)
+    assert {m.label: m.value for m in at.metric}["Kernels"] == str(len(_raw_kernels(second)))
+    at.selectbox(key="sample").select("hta_a100_triton_example.json.gz").run()
+    assert at.session_state["fusionlens_trace_label"] == "hta_a100_triton_example.json.gz"
+    at.selectbox(key="sample").select("(none)").run()  # cleared: the path, still filled in, is what shows
+    assert at.session_state["fusionlens_trace_label"] == str(second)
