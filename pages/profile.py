@@ -30,7 +30,7 @@ for k in kinds:
     if k.reason:
         st.caption(f"🚫 {k.label} is off: {k.reason}")
 
-size, settings = "small", ""
+size, settings, preset = "small", "", {}
 if kind in ("zoo", "hf"):
     choices = pv.zoo_choices() if kind == "zoo" else pv.hf_choices()
     col_name, col_size, col_set = st.columns([2, 1, 2])
@@ -39,8 +39,10 @@ if kind in ("zoo", "hf"):
     sizes = list(choices[name][1])
     size = col_size.selectbox("Size", sizes, index=sizes.index("small") if "small" in sizes else 0,
                               key="profile_size")
-    settings = col_set.text_input("Settings (optional)", key="profile_settings", placeholder="layers=2, dim=64",
-                                  help="KEY=VALUE overrides of the preset, comma-separated")
+    preset = pv.preset_values(kind, name, size)
+    settings = col_set.text_input("Settings (optional)", key="profile_settings", placeholder=pv.settings_hint(preset),
+                                  help="KEY=VALUE overrides of the preset, comma-separated; the preset's values "
+                                       "are shown greyed when the field is empty")
     spec = name if kind == "zoo" else f"hf:{name}"
 else:
     spec = st.text_input("Model spec", key="profile_spec", placeholder="path/to/file.py:build or package.module:build",
@@ -59,7 +61,8 @@ dtype = cols[1].selectbox("dtype", DTYPES, key="profile_dtype")
 mode = cols[2].radio("Mode", MODES, key="profile_mode", horizontal=True,
                      format_func={"train": "train (fwd+bwd+AdamW)", "infer": "infer"}.get)
 batch = cols[3].number_input("Batch", min_value=1, value=None, step=1, key="profile_batch",
-                             placeholder="preset", help="Empty: the preset's batch (local specs: their own)")
+                             placeholder=f"preset ({preset['batch']})" if "batch" in preset else "preset",
+                             help="Empty: the preset's batch (local specs: their own)")
 ceilings = cols[4].selectbox("Roofline ceilings", list(pv.CEILING_LABELS), key="profile_ceilings",
                              format_func=pv.CEILING_LABELS.get)
 if env["cuda"]:  # full width: in the Device column the reason wrapped into a narrow stack of lines

@@ -74,6 +74,22 @@ def hf_choices() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {name: (entry.doc, tuple(HF_PRESETS)) for name, entry in sorted(HF_MODELS.items())}
 
 
+def preset_values(kind: str, name: str, size: str) -> dict[str, Any]:
+    """The settings a zoo/hf preset runs with (batch included), for the Settings and Batch hints."""
+    if kind == "hf":
+        from profiler.capture.hf import HF_PRESETS
+
+        return dict(HF_PRESETS.get(size, {}))
+    from profiler.capture.zoo import zoo_config
+
+    return dataclasses.asdict(zoo_config(name, size))
+
+
+def settings_hint(values: Mapping[str, Any]) -> str:
+    """'vocab=2048, seq_len=64, ...': a preset's settings, batch left out (it has its own field)."""
+    return ", ".join(f"{k}={v}" for k, v in values.items() if k != "batch")
+
+
 def device_options(env: Mapping[str, Optional[str]]) -> dict[str, Optional[str]]:
     """Device -> None (usable) or why not: cpu always, cuda when torch sees a GPU."""
     return {"cpu": None, "cuda": env.get("cuda")}

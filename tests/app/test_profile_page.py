@@ -286,3 +286,25 @@ def test_hf_capture_from_the_page():
     assert not at.exception and not at.error
     assert at.session_state["fusionlens_trace"].meta["capture"]["spec"] == "hf:gpt2"
     assert _metrics(at)["Profiled steps"] == "1"
+
+
+def test_settings_hint_is_each_presets_own_valid_settings():
+    """The greyed hint lists the chosen preset's settings (it said 'layers=2, dim=64' for every model,
+    which mlp, cnn and vit reject): each hint parses and, fed back, gives the preset's own config."""
+    for name, (_, sizes) in pv.zoo_choices().items():
+        for size in sizes:
+            values = pv.preset_values("zoo", name, size)
+            hint = pv.settings_hint(values)
+            assert "batch=" not in hint and hint
+            assert zoo_config(name, size, **pv.parse_settings(hint)) == zoo_config(name, size)
+            assert values["batch"] == zoo_config(name, size).batch
+
+
+def test_page_hints_follow_the_chosen_model():
+    at = _page()
+    at.selectbox(key="profile_zoo").select("mlp").run()
+    at.selectbox(key="profile_size").select("tiny").run()
+    tiny = zoo_config("mlp", "tiny")
+    assert at.text_input(key="profile_settings").placeholder == (
+        f"features={tiny.features}, hidden={tiny.hidden}, depth={tiny.depth}, outputs={tiny.outputs}")
+    assert at.number_input(key="profile_batch").placeholder == f"preset ({tiny.batch})"
