@@ -44,6 +44,10 @@ def identity_line(meta: Mapping[str, Any]) -> str:
     if len(ranks) == 1 and isinstance(world, int) and world > 1:
         parts.append(f"Rank {ranks[0]} of {world} (the other ranks' files were not loaded)")
     device = device_names(meta.get("device_properties"))
+    capture = meta.get("capture")
+    plan = (capture.get("plan") or {}) if isinstance(capture, Mapping) else {}
+    if not device and plan.get("device"):
+        device = f"{plan['device']} (captured on this machine by FusionLens)"
     parts.append("Device: " + (device or "not recorded in the trace (deviceProperties has no names)"))
     return " · ".join(parts)
 

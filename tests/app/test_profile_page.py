@@ -112,6 +112,8 @@ def test_zoo_capture_becomes_current_trace(mode, data_dir):
     assert not at.exception
     assert at.subheader[0].value.startswith("captured: mlp")
     assert _metrics(at)["Events"] == f"{len(trace.events):,}"
+    assert not at.error and not at.warning
+    assert any(c.value == "Device: cpu (captured on this machine by FusionLens)" for c in at.caption)
 
 
 BAD_SPECS = {
