@@ -101,6 +101,7 @@ if not top.empty:
     st.markdown("**Top kernels by total time**")
     num = st.column_config.NumberColumn
     st.dataframe(top, hide_index=True, width="stretch", height="content", column_config={
-        "kernel": st.column_config.TextColumn(width="large", help="full name on hover"),
-        "calls": num(format="%d"), "total (ms)": num(format="%.3f"), "mean (µs)": num(format="%.2f"),
-        "share of kernel time (%)": num(format="%.1f")})
+        "kernel": st.column_config.TextColumn(width=640, help="full name on hover"),
+        "calls": num(format="%d", width="small"), "total (ms)": num(format="%.3f", width="small"),
+        "mean (µs)": num(format="%.2f", width="small"),
+        "share (%)": num(format="%.1f", width="small", help="share of the trace's total kernel time")})

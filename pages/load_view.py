@@ -100,7 +100,7 @@ def clock_warning(trace) -> Optional[str]:
 
 
 def top_kernels(trace, n: int = 15) -> pd.DataFrame:
-    """The `n` kernels with the most total time: calls, total (ms), mean (µs), share of kernel time (%)."""
+    """The `n` kernels with the most total time: calls, total (ms), mean (µs), share (%)."""
     k = trace.kernels
     if k.empty:
         return pd.DataFrame()
@@ -110,5 +110,5 @@ def top_kernels(trace, n: int = 15) -> pd.DataFrame:
     return pd.DataFrame({
         "kernel": g.index.astype(str), "calls": g["count"].astype(int).to_numpy(),
         "total (ms)": (g["sum"] / 1e3).to_numpy(), "mean (µs)": g["mean"].to_numpy(),
-        "share of kernel time (%)": (100.0 * g["sum"] / total_us).to_numpy() if total_us > 0 else float("nan"),
+        "share (%)": (100.0 * g["sum"] / total_us).to_numpy() if total_us > 0 else float("nan"),
     })

@@ -57,6 +57,21 @@ def _serve(data_dir: Path):
         proc.wait(timeout=20)
 
 
+def shoot(page, path: Path) -> None:
+    """Full-page screenshot of a Streamlit page. Streamlit scrolls inside its main section, so
+    full_page alone stops at the viewport: grow the viewport to the content's height first."""
+    js = ("Math.max(...[...document.querySelectorAll('[data-testid=stMain], [data-testid=stMainBlockContainer]')]"
+          ".map(e => e.scrollHeight))")
+    for _ in range(4):  # late-drawn tables grow the page: repeat until the height holds
+        height = min(max(int(page.evaluate(js)) + 80, 1000), 6000)
+        if height == page.viewport_size["height"]:
+            break
+        page.set_viewport_size({"width": page.viewport_size["width"], "height": height})
+        page.wait_for_timeout(700)
+    path.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(path), full_page=True)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with _serve(tmp_path_factory.mktemp("data")) as url:
@@ -78,10 +93,34 @@ def test_upload_shows_summary(server, tmp_path):
         values = page.locator('[data-testid="stMetricValue"]')
         values.first.wait_for(timeout=30_000)
         assert "60" in values.all_inner_texts()  # the trace's 60 kernels (raw JSON: 60 `kernel` events)
-        assert page.locator("text=Traceback").count() == 0
-        shot = ROOT / "tests" / "app" / "screenshots"
-        shot.mkdir(exist_ok=True)
-        page.screenshot(path=str(shot / "load.png"), full_page=True)
+        assert page.locator("text=Traceback").count() == 0 and page.get_by_test_id("stException").count() == 0
+        shoot(page, ROOT / "tests" / "app" / "screenshots" / "load.png")
+        browser.close()
+
+
+def test_two_files_upload_as_two_ranks(server):
+    """Several files in one upload become one Trace with a rank each; these two come from different runs
+    (A100 rank 0, V100 rank 1, unrelated clocks), so the page warns and tabulates the ranks."""
+    from playwright.sync_api import sync_playwright
+
+    pair = [TRACE.parent / "hta_a100_rank0of2_nccl_data.json.gz", TRACE.parent / "hta_v100_rank1of2_trace_diff_test.json.gz"]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server)
+        page.get_by_text("Load a trace").first.wait_for(timeout=60_000)
+        page.locator("input[type=file]").set_input_files([str(p) for p in pair])
+        page.get_by_text("never overlap in time").first.wait_for(timeout=120_000)
+        page.get_by_text("Top kernels by total time").wait_for(timeout=60_000)
+        page.wait_for_timeout(300)  # read the settled page, not one mid-rerun
+        page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
+        labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+        values = page.locator('[data-testid="stMetricValue"]').all_inner_texts()
+        metrics = dict(zip((label.strip() for label in labels), values))
+        assert metrics.get("Ranks") == "2", (labels, values)
+        assert metrics["Kernels"] == "12,576"  # 2,700 + 9,876 `kernel` events in the two raw files (README table)
+        assert page.get_by_test_id("stException").count() == 0
+        shoot(page, ROOT / "tests" / "app" / "screenshots" / "load_two_ranks.png")
         browser.close()
 
 
@@ -135,9 +174,7 @@ def test_profile_page_runs_a_tiny_zoo_model(server):
         assert re.fullmatch(r"[\d.,]+ ms", metrics["Median step time"])
         assert int(metrics["CPU ops"].replace(",", "")) > 0
         assert page.locator("text=Traceback").count() == 0
-        shot = ROOT / "tests" / "app" / "screenshots"
-        shot.mkdir(exist_ok=True)
-        page.screenshot(path=str(shot / "profile.png"), full_page=True)
+        shoot(page, ROOT / "tests" / "app" / "screenshots" / "profile.png")
         browser.close()
 
 

@@ -15,9 +15,10 @@ import json
 import re
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
-from tests.app.test_browser import CHROMIUM, FLAGS, ROOT, _serve
+from tests.app.test_browser import CHROMIUM, FLAGS, ROOT, _serve, shoot
 
 TRACES = ROOT / "tests" / "data" / "traces"
 
@@ -33,8 +34,14 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[Path]]]:
     not_trace.write_text(json.dumps({"hello": [1, 2, 3]}))
     garbage = folder / "garbage.json.gz"
     garbage.write_bytes(gzip.compress(b"this is not json at all"))
+    good_zip = folder / "bert_small.zip"
+    with zipfile.ZipFile(good_zip, "w") as z:
+        z.writestr("bert_small.json", gzip.decompress(raw))
+    slip = folder / "slip.zip"
+    with zipfile.ZipFile(slip, "w") as z:
+        z.writestr("../../evil.json", gzip.decompress(raw))
     return [("empty", [empty]), ("truncated", [truncated]), ("not_a_trace", [not_trace]),
-            ("garbage_gz", [garbage])]
+            ("garbage_gz", [garbage]), ("zip_one_trace", [good_zip]), ("zip_slip", [slip])]
 
 
 def cases(folder: Path) -> list[tuple[str, list[Path]]]:
@@ -43,16 +50,6 @@ def cases(folder: Path) -> list[tuple[str, list[Path]]]:
     pair = [TRACES / "hta_a100_rank0of2_nccl_data.json.gz", TRACES / "hta_v100_rank1of2_trace_diff_test.json.gz"]
     out.append(("pair_rank0_rank1", pair))
     return out + bad_inputs(folder)
-
-
-def shoot(page, path: Path) -> None:
-    """Streamlit scrolls inside its main section, so full_page alone stops at the viewport: grow the
-    viewport to the content's height first."""
-    height = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=stMain], "
-                           "[data-testid=stMainBlockContainer]')].map(e => e.scrollHeight))")
-    page.set_viewport_size({"width": 1400, "height": min(max(int(height) + 80, 1000), 6000)})
-    page.wait_for_timeout(500)
-    page.screenshot(path=str(path), full_page=True)
 
 
 def walk(out_dir: Path, only: list[str]) -> None:
