@@ -36,8 +36,10 @@ CSRC = Path(__file__).parent / "csrc"
 # kernels' reductions are written in vector form, so results keep IEEE rounding). -fno-math-errno
 # only stops libm calls from setting errno, which nothing reads; without it GCC keeps std::sqrt
 # a checked call that blocks vectorization of the optimizer loops. It changes no result.
-CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
-LDFLAGS = ["-fopenmp"]
+# Tuples, and copies passed to cpp_extension.load: it appends its own -L/-l flags to the list it
+# is given, which changed the build hash (and tuning_store's fingerprint) after the first load.
+CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno")
+LDFLAGS = ("-fopenmp",)
 KEEP_BUILDS = 3  # the current build and the two most recently used others (switching branches back and forth)
 PRUNE_MIN_AGE_S = 600.0
 LAST_USED = "last_used"
@@ -116,8 +118,8 @@ def load_cpu_ops(verbose: bool = False) -> None:
                 cpp_extension.load(
                     name="fusionlens_cpu",
                     sources=[str(s) for s in sources],
-                    extra_cflags=CFLAGS,
-                    extra_ldflags=LDFLAGS,
+                    extra_cflags=list(CFLAGS),
+                    extra_ldflags=list(LDFLAGS),
                     extra_include_paths=[str(CSRC)],
                     build_directory=str(build_dir),
                     is_python_module=False,

@@ -135,8 +135,8 @@ def build_variant(label: str, files: Mapping[str, bytes], cflags: Iterable[str],
     out, namespace = stage(label, files, cflags, cache_root)
     sources = [str(out / n) for n in files if n.endswith(".cpp")]
     try:
-        cpp_extension.load(name=f"fl_ab_{out.name}", sources=sources, extra_cflags=cflags,
-                           extra_ldflags=LDFLAGS, extra_include_paths=[str(out)], build_directory=str(out),
+        cpp_extension.load(name=f"fl_ab_{out.name}", sources=sources, extra_cflags=list(cflags),
+                           extra_ldflags=list(LDFLAGS), extra_include_paths=[str(out)], build_directory=str(out),
                            is_python_module=False)
     except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError: one line
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]

@@ -6,15 +6,17 @@
 //
 // Every loop is an `omp simd` loop over plain pointers with no float `?:` (selects are done on
 // integer bits), no std::fma and no library call (exp is common.h's inline exp_nonpos), so GCC
-// vectorizes it at any -march without -ffast-math.
+// vectorizes it at any -march without -ffast-math. The per-element helpers are FL_INLINE (common.h):
+// an out-of-line call in a simd loop makes it scalar, and GCC's size heuristics did that to
+// sigmoid once exp_nonpos was forced inline.
 
-inline uint32_t bits_of(float f) {
+FL_INLINE uint32_t bits_of(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
 }
 
-inline float float_of(uint32_t b) {
+FL_INLINE float float_of(uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
   return f;
@@ -22,7 +24,7 @@ inline float float_of(uint32_t b) {
 
 // Integer select (all-ones mask picks a): vectorizes at any -march, unlike a float ?: under the
 // default -ftrapping-math.
-inline uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+FL_INLINE uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
 
 constexpr uint32_t kOneBits = 0x3f800000u;  // 1.0f
 constexpr uint32_t kErfSatBits = 0x40b504f3u;  // 4 sqrt(2) = 5.656854f: erf(x / sqrt 2) rounds to 1 beyond
@@ -33,7 +35,7 @@ constexpr uint32_t kErfSatBits = 0x40b504f3u;  // 4 sqrt(2) = 5.656854f: erf(x /
 // Q >= 1. The result is clamped to <= 1 and is exactly 1 from 4 sqrt 2 on (+-inf and NaN
 // included), so GELU(-inf) = -inf + inf = NaN as in eager; a NaN x makes the GELU NaN through x.
 // Plain multiply-adds (contracted to FMA where the target has it) and integer clamps only.
-inline float erf_abs_scaled(float x) {
+FL_INLINE float erf_abs_scaled(float x) {
   const uint32_t ab = bits_of(x) & 0x7fffffffu;
   const uint32_t sat = 0u - static_cast<uint32_t>(ab >= kErfSatBits);
   const float a = float_of(ab < kErfSatBits ? ab : kErfSatBits);
@@ -58,7 +60,7 @@ inline float erf_abs_scaled(float x) {
 // then 1 / (1 + e) for z >= 0 or e / (1 + e) (picked by the sign bit). No overflow;
 // sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN. -|z| is one OR of the sign bit and the
 // numerator's select is b ^ ((a ^ b) & mask) on an arithmetic-shift mask (one AVX-512 ternlog).
-inline float sigmoid(float z) {
+FL_INLINE float sigmoid(float z) {
   const uint32_t zb = bits_of(z);
   const float e = fusionlens::exp_nonpos(float_of(zb | 0x80000000u));
   const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(zb) >> 31);
@@ -70,14 +72,14 @@ inline float sigmoid(float z) {
 // 2 beta (kappa x x^2 + x) took four operations.
 constexpr float kTanhC1 = static_cast<float>(2.0 * 0.79788456080286535588);
 constexpr float kTanhC3 = static_cast<float>(2.0 * 0.79788456080286535588 * 0.044715);
-inline float gelu_tanh_arg(float x, float x2) { return x * (kTanhC3 * x2 + kTanhC1); }
+FL_INLINE float gelu_tanh_arg(float x, float x2) { return x * (kTanhC3 * x2 + kTanhC1); }
 
 // ---- the activations, in fp32 ------------------------------------------------------------------
 // GELU (erf) = x (1 + erf(x / sqrt 2)) / 2 = (x + |x| erf(|x| / sqrt 2)) / 2.
 // GELU (tanh) is x * sigmoid(2u): 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
 // this form has no 1 + tanh cancellation for negative x and needs one exp.
 template <int64_t K>
-inline float act(float x) {
+FL_INLINE float act(float x) {
   if constexpr (K == kSilu) {
     return x * sigmoid(x);  // inline exp: 17% faster than libmvec's expf, same ~2 ulp
   } else if constexpr (K == kGeluErf) {
@@ -89,7 +91,7 @@ inline float act(float x) {
 
 // act(x) and act'(x) together (shared transcendental).
 template <int64_t K>
-inline void act_and_grad(float x, float& y, float& dy) {
+FL_INLINE void act_and_grad(float x, float& y, float& dy) {
   if constexpr (K == kSilu) {
     const float s = sigmoid(x);
     y = x * s;

@@ -19,7 +19,7 @@
 #include "vec_impl.h"  // kW, vf, ld, st
 
 // max(m, v) per lane, NaN lanes of v ignored (as the scalar `v > m ? v : m`).
-inline vf vmax(vf m, vf v) { return v > m ? v : m; }
+FL_INLINE vf vmax(vf m, vf v) { return v > m ? v : m; }
 
 // max and sum of a row (n >= 0; max of an empty row is -inf).
 inline void row_max_sum(const float* x, int64_t n, float* max_out, float* sum_out) {

@@ -12,7 +12,7 @@
 // kernels do there, instead of std::fma (a library call without FMA hardware: ~25 ns/element).
 
 template <typename M>
-inline M fmadd(M a, M b, M c) {
+FL_INLINE M fmadd(M a, M b, M c) {
 #if FL_ISA >= 256
   return std::fma(a, b, c);
 #else

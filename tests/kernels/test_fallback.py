@@ -128,3 +128,12 @@ def test_prune_spares_builds_in_use_or_locked(tmp_path) -> None:
         deleted = _build._prune_builds(current, keep=1, min_age_s=600)
     assert deleted == [stale]
     assert current.exists() and fresh.exists() and locked.exists() and not stale.exists()
+
+
+def test_build_hash_is_the_same_before_and_after_loading() -> None:
+    """cpp_extension.load appends -L/-l flags to the lists it is given; ours must not change, or
+    the build directory and tuning_store's fingerprint would differ before and after a load."""
+    before = _build.build_dir_for(_build._inputs())
+    _build.load_cpu_ops()
+    assert _build.build_dir_for(_build._inputs()) == before
+    assert (before / "fusionlens_cpu.so").exists()
