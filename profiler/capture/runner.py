@@ -199,6 +199,15 @@ def _run_backend(backend: Any, step: Callable[[int], None], plan: CapturePlan, o
     return result, samples, off
 
 
+def _flops_source(stats) -> str:
+    """What the Trace's flops/bytes_moved columns hold (meta["flops_source"]; ingest's default says
+    "none (uploaded trace...)", which a capture overrides)."""
+    if stats is None:
+        return "none (FLOPs pass off for this capture: flops and bytes_moved are NaN)"
+    return (f"FusionLens cost pass (TorchDispatchMode, untimed), joined by order and name to "
+            f"{stats.matched_ops:,} of {stats.recorded_ops:,} profiled ops; bytes_moved is an algorithmic lower bound")
+
+
 def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optional[pd.DataFrame],
               samples: Optional[pd.DataFrame], off: Mapping[str, str]) -> Trace:
     """The final Trace: costs joined onto the events, NVML counters merged, capture meta added."""
@@ -212,6 +221,7 @@ def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optio
                        "plan": dataclasses.asdict(plan), "sources_off": dict(off),
                        "costs": _cost_summary(costs), "join": stats.as_dict() if stats else None,
                        "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs, views excluded)"}
+    meta["flops_source"] = _flops_source(stats)
     return Trace(events=events, meta=meta, memory=trace.memory, counters=_merge_counters(trace, samples))
 
 

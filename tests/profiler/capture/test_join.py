@@ -98,6 +98,18 @@ def test_real_capture_addmm_flops_match_recorded_shapes(tmp_path):
         _, (m, k), (_, n) = json.loads(dims)[:3]  # bias, input (M, K), weight^T (K, N)
         assert flops == 2 * m * k * n
     assert res.trace.meta["capture"]["join"]["match_rate"] == 1.0
+    join = res.trace.meta["capture"]["join"]
+    source = res.trace.meta["flops_source"]  # not ingest's "none (uploaded trace ...)" default
+    assert source.startswith("FusionLens cost pass") and "algorithmic lower bound" in source
+    assert f"{join['matched_ops']:,} of {join['recorded_ops']:,} profiled ops" in source
+
+
+def test_capture_without_the_flops_pass_says_so(tmp_path):
+    from profiler.capture.runner import capture
+
+    res = capture("mlp", CapturePlan(mode="infer", wait=0, warmup=1, active=1, flops=False), tmp_path, size="tiny")
+    assert res.trace.meta["flops_source"].startswith("none (FLOPs pass off")
+    assert res.trace.events["flops"].isna().all()
 
 
 def test_join_counts_without_steps_via_profilerstep_rows():
