@@ -112,34 +112,49 @@ def bert(cfg: TransformerConfig):
 
 
 @dataclass(frozen=True)
-class VisionConfig:
-    """Image classifier sizes: image side, channels (width), classes, depth, batch, patch (ViT)."""
+class ImageConfig:
+    """Image classifier sizes: image side, channels (width), classes, depth, batch."""
 
     image: int = 32
     width: int = 32
     classes: int = 10
     depth: int = 2
     batch: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("image", "width", "classes", "depth", "batch"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+
+@dataclass(frozen=True)
+class ViTConfig(ImageConfig):
+    """ImageConfig plus the ViT's patch side and heads (model width = width x heads)."""
+
     patch: int = 4
     heads: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("image", "width", "classes", "depth", "batch", "patch", "heads"):
+        super().__post_init__()
+        for name in ("patch", "heads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.image % self.patch:
             raise ValueError(f"image {self.image} must be a multiple of patch {self.patch}")
 
 
-VISION_PRESETS = {"tiny": dict(image=8, width=8, classes=4, depth=1, batch=2, patch=4, heads=2),
-                  "small": {},
-                  "medium": dict(image=32, width=64, depth=3, batch=16, patch=4, heads=4)}
+CNN_PRESETS = {"tiny": dict(image=8, width=8, classes=4, depth=1, batch=2),
+               "small": {},
+               "medium": dict(image=32, width=64, depth=3, batch=16)}
+VIT_PRESETS = {"tiny": dict(CNN_PRESETS["tiny"], patch=4, heads=2),
+               "small": {},
+               "medium": dict(CNN_PRESETS["medium"], patch=4, heads=4)}
 
 
 class SmallCNN(nn.Module):
     """conv-BN-ReLU stages (stride 2 after the first), global average pool, linear classifier."""
 
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg: ImageConfig):
         super().__init__()
         stages = [ConvBNReLU(3, cfg.width)]
         stages += [ConvBNReLU(cfg.width, cfg.width, stride=2) for _ in range(cfg.depth)]
@@ -151,12 +166,12 @@ class SmallCNN(nn.Module):
         return logits if labels is None else F.cross_entropy(logits, labels)
 
 
-def _image_inputs(cfg: VisionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _image_inputs(cfg: ImageConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(cfg.batch, 3, cfg.image, cfg.image), torch.randint(0, cfg.classes, (cfg.batch,))
 
 
-@register_zoo("cnn", VisionConfig, VISION_PRESETS)
-def cnn(cfg: VisionConfig):
+@register_zoo("cnn", ImageConfig, CNN_PRESETS)
+def cnn(cfg: ImageConfig):
     """Small CNN of conv-BN-ReLU blocks (conv+BN folding candidates in inference)."""
     return SmallCNN(cfg), _image_inputs(cfg)
 
@@ -164,7 +179,7 @@ def cnn(cfg: VisionConfig):
 class ViT(nn.Module):
     """Vision transformer: conv patch embedding, pre-norm blocks with fused attention, mean pool."""
 
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg: ViTConfig):
         super().__init__()
         dim, n = cfg.width * cfg.heads, (cfg.image // cfg.patch) ** 2
         self.embed = nn.Conv2d(3, dim, cfg.patch, cfg.patch)
@@ -180,8 +195,8 @@ class ViT(nn.Module):
         return logits if labels is None else F.cross_entropy(logits, labels)
 
 
-@register_zoo("vit", VisionConfig, VISION_PRESETS)
-def vit(cfg: VisionConfig):
+@register_zoo("vit", ViTConfig, VIT_PRESETS)
+def vit(cfg: ViTConfig):
     """Small ViT (patch embedding + native transformer blocks)."""
     return ViT(cfg), _image_inputs(cfg)
 

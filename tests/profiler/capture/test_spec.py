@@ -102,6 +102,8 @@ def test_unknown_zoo_and_settings():
     one_line_error("resnet9000", "not a zoo model")
     one_line_error("gpt2", "no setting wings", overrides={"wings": 2})
     one_line_error("gpt2", "no size", size="enormous")
+    one_line_error("cnn", "no setting patch", overrides={"patch": 2})  # a ViT setting: the CNN has no patches
+    assert load_spec("vit", size="tiny", overrides={"patch": 2}).model.embed.kernel_size == (2, 2)
 
 
 def test_cuda_requested_without_gpu_is_refused():
