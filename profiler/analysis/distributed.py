@@ -10,6 +10,12 @@ Per rank:
 Across ranks (`stragglers`): see `stragglers` for the rule. Collectives are matched across ranks
 by their order within a process group; clocks are aligned on collective *ends* (all ranks leave
 a collective together), falling back to the Trace's common origin (the earliest event).
+
+CPU runs (DDP over gloo): a rank with no GPU communication kernels has no kernels at all to time
+its collectives by, but its CPU process group records each collective it runs as a user
+annotation `<backend>:<collective>` on its worker thread (ProcessGroupGloo: `gloo:all_reduce`).
+Those spans are that rank's communication, and its computation is the CPU ops of the other
+threads (minus the `c10d::` ops, which issue or wait for collectives).
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ DTYPE_BYTES: dict[str, int] = {
 }
 ROBUST_Z = 3.5      # Iglewicz-Hoaglin cut-off for the modified z-score
 REL_TOL = 0.10      # and at least 10% of the scale, so tiny spreads do not flag noise
+# CPU process-group backends' collective spans (user annotations), and the ops that issue them.
+CPU_COLLECTIVE_PREFIXES: tuple[str, ...] = ("gloo:", "mpi:", "ucc:")
+C10D_PREFIX = "c10d::"
 
 
 def _gpu_typed(trace) -> pd.DataFrame:
@@ -41,12 +50,51 @@ def _gpu_typed(trace) -> pd.DataFrame:
     return g.sort_values("rank", kind="stable")
 
 
+def _cpu_collective_mask(ev: pd.DataFrame) -> np.ndarray:
+    """Bool per event: a CPU process group's collective span on a rank without GPU communication
+    kernels (on ranks with them, the kernels are the communication and these spans are not)."""
+    span = (ev["kind"] == "user_annotation").to_numpy().copy()  # few rows: test only their names
+    span[span] = ev.loc[span, "name"].astype("string").str.startswith(CPU_COLLECTIVE_PREFIXES).fillna(False).to_numpy()
+    if not span.any():
+        return span
+    kernels = ev.loc[(ev["kind"] == "kernel").to_numpy()]
+    gpu_comm_ranks = kernels.loc[kt.is_communication(kernels), "rank"].unique()
+    return span & ~ev["rank"].isin(gpu_comm_ranks).to_numpy()
+
+
+def _cpu_busy(trace) -> dict[int, tuple[iv.Intervals, iv.Intervals, int, float]]:
+    """Per CPU-communicating rank: (collective-span union, compute union, spans, summed span time).
+
+    Compute: the time CPU ops run on the threads that run no collective span, minus the time inside
+    `c10d::` ops (issuing a collective or blocking on it is not computation, and DDP's gradient
+    hooks, which are ops themselves, block inside them)."""
+    ev = trace.events
+    coll = _cpu_collective_mask(ev)
+    out: dict[int, tuple[iv.Intervals, iv.Intervals, int, float]] = {}
+    if not coll.any():
+        return out
+    ops = ev.loc[(ev["kind"] == "cpu_op").to_numpy(), ["rank", "tid", "name", "ts_us", "dur_us"]]
+    c10d = ops["name"].astype("string").str.startswith(C10D_PREFIX).fillna(False).to_numpy()
+    spans = ev.loc[coll, ["rank", "tid", "ts_us", "dur_us"]]
+
+    def union(rows: pd.DataFrame) -> iv.Intervals:
+        return iv.union(rows["ts_us"].to_numpy(float), (rows["ts_us"] + rows["dur_us"]).to_numpy(float))
+
+    for rank, c in spans.groupby("rank", sort=True):  # one iteration per CPU rank
+        mine = ((ops["rank"] == rank) & ~ops["tid"].isin(c["tid"].unique())).to_numpy()
+        compute = iv.difference(union(ops[mine & ~c10d]), union(ops[mine & c10d]))
+        out[int(rank)] = (union(c), compute, len(c), float(c["dur_us"].sum()))
+    return out
+
+
 @register_analysis("comm_comp_overlap", "Communication / computation overlap",
                    "Per rank: communication kernel time and the % of it overlapped by computation")
 def comm_comp_overlap(trace) -> pd.DataFrame:
     """Columns: rank, comm_kernels, comm_us (sum), comm_busy_us (union), compute_busy_us,
-    overlap_us, overlap_pct (NaN without communication), exposed_comm_us."""
+    overlap_us, overlap_pct (NaN without communication), exposed_comm_us. On a CPU rank (see the
+    module docstring) comm_kernels counts its process group's collective spans."""
     g = _gpu_typed(trace)
+    cpu = _cpu_busy(trace)
     ranks = g["rank"].to_numpy()
     ts, end = g["ts_us"].to_numpy(float), (g["ts_us"] + g["dur_us"]).to_numpy(float)
     ktype = g["kernel_type"].to_numpy()
@@ -56,8 +104,11 @@ def comm_comp_overlap(trace) -> pd.DataFrame:
         t, e, k = ts[lo:hi], end[lo:hi], ktype[lo:hi]
         comm, comp = k == kt.COMMUNICATION, k == kt.COMPUTATION
         cu, pu = iv.union(t[comm], e[comm]), iv.union(t[comp], e[comp])
+        n_comm, comm_us = int(comm.sum()), float((e - t)[comm].sum())
+        if rank in cpu:
+            cu, pu, n_comm, comm_us = cpu[rank]
         both = iv.intersection_length(cu, pu)
-        rows.append({"rank": rank, "comm_kernels": int(comm.sum()), "comm_us": float((e - t)[comm].sum()),
+        rows.append({"rank": rank, "comm_kernels": n_comm, "comm_us": comm_us,
                      "comm_busy_us": cu.total_us, "compute_busy_us": pu.total_us, "overlap_us": both,
                      "overlap_pct": 100.0 * both / cu.total_us if cu.total_us > 0 else np.nan,
                      "exposed_comm_us": cu.total_us - both})
@@ -66,10 +117,14 @@ def comm_comp_overlap(trace) -> pd.DataFrame:
 
 
 def comm_rows(trace) -> pd.DataFrame:
-    """Communication kernels with collective, process group, dtype and element counts filled in."""
+    """Communication kernels with collective, process group, dtype and element counts filled in;
+    on CPU ranks, their process group's collective spans (sizes unknown: NaN)."""
     ev = trace.events
-    g = ev.loc[(ev["kind"] == "kernel")]
-    g = g.loc[kt.is_communication(g)]
+    cpu_coll = _cpu_collective_mask(ev)
+    kernel = (ev["kind"] == "kernel").to_numpy()
+    comm = np.zeros(len(ev), bool)
+    comm[kernel] = kt.is_communication(ev.loc[kernel])
+    g = ev.loc[comm | cpu_coll]
     cols = ["rank", "name", "ts_us", "dur_us", "stream", "external_id", "collective_name", "in_msg_nelems",
             "out_msg_nelems", "group_size", "comm_dtype", "process_group_name"]
     out = g[cols].copy()
@@ -84,7 +139,13 @@ def comm_rows(trace) -> pd.DataFrame:
         m = out[["rank", "external_id"]].merge(ops, on=["rank", "external_id"], how="left")
         for c in ("collective_name", "in_msg_nelems", "out_msg_nelems", "group_size", "comm_dtype", "process_group_name"):
             out[c] = out[c].fillna(pd.Series(m[c].to_numpy(), index=out.index).astype(out[c].dtype))
-    out["collective"] = kt.collective(g).astype("string").to_numpy()
+    from_kernel = kt.collective(g).astype("string")
+    spans = g["kind"].to_numpy() == "user_annotation"  # CPU collective spans: "gloo:all_reduce"
+    if spans.any():
+        op = g.loc[spans, "name"].astype("string").str.split(":", n=1).str[1].fillna("")
+        label = pd.Series(kt.first_label(op.tolist(), kt.COLLECTIVE_PATTERNS), index=op.index, dtype="string")
+        from_kernel.loc[spans] = label.fillna("other")
+    out["collective"] = from_kernel.to_numpy()
     size = out["comm_dtype"].str.lower().map(DTYPE_BYTES).astype("Float64")
     out["in_bytes"] = (out["in_msg_nelems"].astype("Float64") * size).astype("Float64")
     out["out_bytes"] = (out["out_msg_nelems"].astype("Float64") * size).astype("Float64")
@@ -151,7 +212,10 @@ def _rank_metrics(trace, align: str) -> pd.DataFrame:
     g = _gpu_typed(trace)
     comp = g[g["kernel_type"] == kt.COMPUTATION]
     busy = iv.union_by_group(comp["rank"].to_numpy(np.int64), comp["ts_us"], comp["ts_us"] + comp["dur_us"])
-    compute = busy.total_by_group().reindex(ranks).fillna(0.0) / n_steps.clip(lower=1)
+    busy_us = busy.total_by_group().reindex(ranks).fillna(0.0)
+    for rank, (_, cpu_compute, _, _) in _cpu_busy(trace).items():  # CPU ranks: their CPU compute
+        busy_us[rank] = cpu_compute.total_us
+    compute = busy_us / n_steps.clip(lower=1)
     m = matched_collectives(trace, align)
     per = m.groupby("rank")
     period = (m.sort_values(["rank", "start_us"]).groupby("rank")["start_us"].diff()).groupby(m["rank"]).median()

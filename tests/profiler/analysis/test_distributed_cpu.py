@@ -1,0 +1,111 @@
+"""The distributed analyses on a real two-rank CPU DDP pair (gloo; tests/data/ddp_cpu/README.md),
+checked against numbers recomputed here from the raw JSON with plain Python."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from profiler.analysis import distributed
+from profiler.trace.ingest import load_trace
+
+DDP = Path(__file__).resolve().parents[2] / "data" / "ddp_cpu"
+FILES = [DDP / f"mlp_tiny_train_rank{r}.pt.trace.json.gz" for r in (0, 1)]
+
+
+def _raw(rank: int) -> list[dict]:
+    with gzip.open(FILES[rank], "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for s, e in a:
+        pieces = [(s, e)]
+        for bs, be in b:
+            pieces = [p for ps, pe in pieces for p in ((ps, min(pe, bs)), (max(ps, be), pe)) if p[1] > p[0]]
+        out += pieces
+    return out
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(ae, be) - max(as_, bs)) for as_, ae in a for bs, be in b)
+
+
+def _expected(rank: int) -> dict:
+    """Collective spans, compute union and their overlap for one rank, from the raw events."""
+    ev = _raw(rank)
+    coll = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")]
+    tids = {e["tid"] for e in coll}
+    ops = [e for e in ev if e.get("cat") == "cpu_op" and e["tid"] not in tids]
+    work = _merge([(e["ts"], e["ts"] + e["dur"]) for e in ops if not e["name"].startswith("c10d::")])
+    waits = _merge([(e["ts"], e["ts"] + e["dur"]) for e in ops if e["name"].startswith("c10d::")])
+    compute = _merge(_subtract(work, waits))
+    comm = _merge([(e["ts"], e["ts"] + e["dur"]) for e in coll])
+    steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
+    return {"n": len(coll), "comm_sum": sum(e["dur"] for e in coll), "comm_busy": sum(e - s for s, e in comm),
+            "compute": sum(e - s for s, e in compute), "overlap": _overlap(comm, compute), "steps": len(steps)}
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_trace([str(f) for f in FILES])
+
+
+def test_collectives_are_the_gloo_spans(trace) -> None:
+    c = distributed.collectives(trace)
+    assert c["rank"].tolist() == [0, 1] and set(c["collective"]) == {"all_reduce"}
+    for rank in (0, 1):
+        row = c[c["rank"] == rank].iloc[0]
+        want = _expected(rank)
+        assert row["count"] == want["n"] == 3  # DDP's one gradient bucket, once per profiled step
+        assert row["total_us"] == pytest.approx(want["comm_sum"], abs=1e-3)
+
+
+def test_overlap_of_cpu_collectives_with_cpu_compute(trace) -> None:
+    o = distributed.comm_comp_overlap(trace).set_index("rank")
+    for rank in (0, 1):
+        want = _expected(rank)
+        got = o.loc[rank]
+        assert got["comm_kernels"] == want["n"]
+        assert got["comm_busy_us"] == pytest.approx(want["comm_busy"], abs=1e-3)
+        assert got["compute_busy_us"] == pytest.approx(want["compute"], abs=1e-2)
+        assert got["overlap_us"] == pytest.approx(want["overlap"], abs=1e-2)
+        assert got["exposed_comm_us"] == pytest.approx(want["comm_busy"] - want["overlap"], abs=1e-2)
+        assert 0 < got["compute_busy_us"] < 0.5 * got["comm_busy_us"]  # tiny MLP: gloo on 2 vCPUs dominates
+
+
+def test_stragglers_match_collectives_and_compute_across_ranks(trace) -> None:
+    s = distributed.stragglers(trace).set_index("rank")
+    for rank in (0, 1):
+        want = _expected(rank)
+        assert s.loc[rank, "n_collectives"] == want["n"] and s.loc[rank, "n_steps"] == want["steps"] == 3
+        assert s.loc[rank, "compute_us"] == pytest.approx(want["compute"] / want["steps"], abs=1e-2)
+    # Two ranks, matched collective by collective: one rank's lateness is the other's wait.
+    assert s.loc[1, "coll_late_us"] == pytest.approx(s.loc[0, "coll_wait_us"])
+    assert not s["straggler"].any()  # same program on both ranks, compute within 5%
+
+
+def test_gpu_ranks_do_not_count_cpu_spans(trace) -> None:
+    """A gloo span on a rank that has GPU communication kernels is not communication of its own."""
+    import pandas as pd
+
+    ev = trace.events
+    kernel = ev.iloc[[0]].assign(kind="kernel", name="ncclDevKernel_AllReduce_Sum_f32_RING_LL", rank=0)
+    with_gpu = type(trace)(events=pd.concat([ev, kernel], ignore_index=True), meta=trace.meta,
+                           memory=trace.memory, counters=trace.counters)
+    mask = distributed._cpu_collective_mask(with_gpu.events)
+    assert not mask[(with_gpu.events["rank"] == 0).to_numpy()].any()
+    assert mask[(with_gpu.events["rank"] == 1).to_numpy()].sum() == _expected(1)["n"]
