@@ -14,3 +14,8 @@ def test_two_rank_gloo_capture(tmp_path):
     assert set(allreduce["rank"]) == {0, 1}  # DDP's gradient all-reduce ran on both ranks
     per_rank = ev.groupby("rank")["flops"].sum()
     assert per_rank[0] == per_rank[1] > 0  # same program, same FLOPs on each rank
+    from profiler.analysis.distributed import collectives, stragglers
+
+    coll = collectives(res.trace)  # the multi-rank analyses see gloo's all-reduces on both ranks
+    assert set(coll["rank"]) == {0, 1} and (coll["count"] > 0).all()
+    assert stragglers(res.trace)["n_collectives"].gt(0).all()
