@@ -148,11 +148,17 @@ def _prune_builds(current: Path, keep: int = KEEP_BUILDS, min_age_s: float = PRU
     or when it was used in the last `min_age_s` (a process may be about to load it). A library
     already loaded elsewhere stays mapped after its file is deleted, so running processes are safe.
     """
-    builds = [d for d in current.parent.iterdir() if d.is_dir() and d != current]
+    try:
+        builds = [d for d in current.parent.iterdir() if d.is_dir() and d != current]
+    except OSError:
+        return []
 
     def last_used(d: Path) -> float:
-        marks = [d / LAST_USED, d / "fusionlens_cpu.so", d / ".ninja_log", d]
-        return max(m.stat().st_mtime for m in marks if m.exists())
+        try:
+            return max(m.stat().st_mtime for m in (d / LAST_USED, d / "fusionlens_cpu.so", d / ".ninja_log", d)
+                       if m.exists())
+        except (OSError, ValueError):  # vanished meanwhile: oldest, and the loop below skips it
+            return 0.0
 
     builds.sort(key=last_used, reverse=True)
     deleted = []

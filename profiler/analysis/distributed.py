@@ -245,7 +245,12 @@ def _leave_one_out(x: pd.Series, scale: pd.Series | None = None, z_cut: float = 
             continue
         med = np.median(others)
         sigma = 1.4826 * np.median(np.abs(others - med))
-        sc = med if scale is None else float(np.nanmedian(np.delete(scale.to_numpy(np.float64), i)))
+        if scale is None:
+            sc = med
+        else:  # the others' scale; NaN when none has one (e.g. a single collective per rank)
+            rest = np.delete(scale.to_numpy(np.float64), i)
+            rest = rest[~np.isnan(rest)]
+            sc = float(np.median(rest)) if len(rest) else np.nan
         if sigma > 0:
             z[i] = (v[i] - med) / sigma
         cut = max(z_cut * sigma, rel_tol * (sc if np.isfinite(sc) else 0.0))
