@@ -67,10 +67,14 @@ ceilings = cols[4].selectbox("Roofline ceilings", list(pv.CEILING_LABELS), key="
                              format_func=pv.CEILING_LABELS.get)
 if env["cuda"]:  # full width: in the Device column the reason wrapped into a narrow stack of lines
     st.caption(f"🚫 cuda is off: {env['cuda']}")
-cols = st.columns(3)
+cols = st.columns(4)
 wait = cols[0].number_input("Wait steps (unprofiled)", 0, 100, 1, key="profile_wait")
 warmup = cols[1].number_input("Warm-up steps (profiled, discarded)", 0, 100, 1, key="profile_warmup")
 active = cols[2].number_input("Active steps (kept)", 1, 100, 3, key="profile_active")
+nproc = cols[3].number_input("Ranks (DDP)", 1, pv.MAX_RANKS, 1, key="profile_nproc",
+                             help="2 or more: a DistributedDataParallel training run over that many processes "
+                                  "(gloo on CPU, NCCL on GPU, one GPU per rank), one trace per rank; as "
+                                  "`python -m profiler capture --nproc N`")
 
 backends = available_backends()
 with st.expander("Heavier options and backend"):
@@ -100,7 +104,7 @@ if st.button("Profile", type="primary", key="profile_run"):
     try:
         request = pv.make_request(spec, size=size, batch=batch, settings=settings, device=device, dtype=dtype,
                                   mode=mode, wait=wait, warmup=warmup, active=active, backend=backend,
-                                  ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml)
+                                  ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml, nproc=nproc)
         outcome = pv.run_profile(request, data_dir() / "captures", progress, env)
     except (FusionLensError, MemoryError, OSError) as exc:
         st.session_state.pop(RESULT_KEY, None)

@@ -32,6 +32,7 @@ HEAVY_OPTIONS = {
     "with_stack": ("Record Python stacks", "10-20% step-time overhead"),
 }
 ROOFLINE_TOP = 15
+MAX_RANKS = 8  # the Ranks field's upper bound (each rank is a process running the model)
 # One capture at a time per server: torch.profiler and CUPTI are process-wide, and every browser
 # session of a Streamlit server shares the process.
 CAPTURE_LOCK = threading.Lock()
@@ -131,6 +132,7 @@ class ProfileRequest:
     batch: Optional[int] = None
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ceilings: str = "measured"
+    nproc: int = 1  # ranks: > 1 is a DDP capture (gloo on CPU, NCCL on GPU; training only)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", self.spec.strip())
@@ -138,6 +140,11 @@ class ProfileRequest:
             raise ProfileInputError("no model spec: pick a zoo model or type path/to/file.py:build")
         if self.batch is not None and (not isinstance(self.batch, int) or self.batch < 1):
             raise ProfileInputError(f"spec {self.spec!r}: batch must be a positive integer, got {self.batch!r}")
+        if not isinstance(self.nproc, int) or self.nproc < 1:
+            raise ProfileInputError(f"spec {self.spec!r}: ranks must be a positive integer, got {self.nproc!r}")
+        if self.nproc > 1 and self.plan.mode != "train":
+            raise ProfileInputError(f"spec {self.spec!r}: a {self.nproc}-rank (DDP) capture profiles training: "
+                                    "pick Mode train")
         if self.ceilings not in CEILING_LABELS:
             raise ProfileInputError(f"ceilings must be one of {', '.join(CEILING_LABELS)}, got {self.ceilings!r}")
 
@@ -146,7 +153,8 @@ class ProfileRequest:
         """How the captured trace is named on the other pages."""
         p = self.plan
         size = "" if self.spec_kind == "local" else f" ({self.size})"
-        return f"captured: {self.spec}{size}, {p.device}/{p.dtype}, {p.mode}, {p.active} active step(s)"
+        ranks = f", {self.nproc} ranks (DDP)" if self.nproc > 1 else ""
+        return f"captured: {self.spec}{size}, {p.device}/{p.dtype}, {p.mode}{ranks}, {p.active} active step(s)"
 
     @property
     def spec_kind(self) -> str:
@@ -158,7 +166,7 @@ class ProfileRequest:
 
 def make_request(spec: str, *, size: str, batch: Optional[int], settings: str, device: str, dtype: str,
                  mode: str, wait: int, warmup: int, active: int, backend: str, ceilings: str,
-                 heavy: Mapping[str, bool], flops: bool = True, nvml: bool = True) -> ProfileRequest:
+                 heavy: Mapping[str, bool], flops: bool = True, nvml: bool = True, nproc: int = 1) -> ProfileRequest:
     """Build and validate a request from the form's values; ProfileInputError names the spec."""
     spec = spec.strip()
     try:
@@ -168,7 +176,7 @@ def make_request(spec: str, *, size: str, batch: Optional[int], settings: str, d
     except CaptureError as exc:
         raise ProfileInputError(f"spec {spec!r}: {exc}") from None
     return ProfileRequest(spec, plan, size, None if batch in (None, 0) else int(batch),
-                          parse_settings(settings), ceilings)
+                          parse_settings(settings), ceilings, int(nproc))
 
 
 def unique_out_dir(spec: str, root: Path) -> Path:
@@ -216,17 +224,17 @@ def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
 
 
 def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]]) -> ProfileOutcome:
+    from profiler.capture.ddp import capture_ranks
     from profiler.capture.report import write_outputs
-    from profiler.capture.runner import capture
 
     say = progress or (lambda done, total, msg: None)
     out_dir = unique_out_dir(req.spec, root)
     out_dir.mkdir(parents=True)
-    result = capture(req.spec, req.plan, out_dir, size=req.size, batch=req.batch,
-                     overrides=dict(req.overrides), progress=say)
+    result = capture_ranks(req.spec, req.plan, out_dir, req.nproc, size=req.size, batch=req.batch,
+                           overrides=dict(req.overrides), progress=say)
     say(req.plan.steps, req.plan.steps, f"writing the trace, summary and roofline (ceilings: {CEILING_LABELS[req.ceilings]})")
     summary = write_outputs(result, req.plan, out_dir, req.ceilings,
-                            {"spec": req.spec, "nproc": 1, "source": "dashboard"})
+                            {"spec": req.spec, "nproc": req.nproc, "source": "dashboard"})
     roof_path = out_dir / "roofline.csv"
     roofline = pd.read_csv(roof_path) if roof_path.is_file() else None
     summary_json = Path(summary["files"]["summary"]).read_text()

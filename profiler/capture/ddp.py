@@ -168,3 +168,17 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
                                      "backend": "nccl" if plan.is_cuda else "gloo", "sources_off": dict(off)})
     return CaptureResult(trace, out_dir / "kineto_rank0.pt.trace.json", off,
                          {"run_s": run_s, "total_s": time.perf_counter() - t0})
+
+
+def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int = 1, *, size: str = "small",
+                  batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
+                  progress: Optional[ProgressFn] = None) -> CaptureResult:
+    """One capture in this process (nproc 1) or a DDP capture over `nproc` ranks: what the CLI's
+    `--nproc` and the dashboard's Ranks field run."""
+    if nproc < 1:
+        raise CaptureError(f"ranks must be >= 1, got {nproc}")
+    if nproc == 1:
+        from profiler.capture.runner import capture
+
+        return capture(spec, plan, out_dir, size=size, batch=batch, overrides=dict(overrides or {}), progress=progress)
+    return capture_ddp(spec, plan, out_dir, nproc, size=size, batch=batch, overrides=overrides, progress=progress)

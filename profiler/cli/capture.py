@@ -111,15 +111,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or default_out_dir(args.spec)
     check_out_dir(Path(out))
     show = _progress(args.quiet)
-    if args.nproc > 1:
-        from profiler.capture.ddp import capture_ddp
+    from profiler.capture.ddp import capture_ranks
 
-        result = capture_ddp(args.spec, plan, out, args.nproc, size=args.size, batch=args.batch,
-                             overrides=overrides, progress=show)
-    else:
-        from profiler.capture.runner import capture
-
-        result = capture(args.spec, plan, out, size=args.size, batch=args.batch, overrides=overrides, progress=show)
+    result = capture_ranks(args.spec, plan, out, args.nproc, size=args.size, batch=args.batch,
+                           overrides=overrides, progress=show)
     show(plan.steps, plan.steps, "writing trace (Parquet), roofline and summary")
     summary = write_outputs(result, plan, Path(out), args.ceilings, {"spec": args.spec, "nproc": args.nproc})
     print(f"captured {args.spec}: {summary['events']} events, ranks {summary['ranks']}, "

@@ -190,6 +190,38 @@ def test_make_request_validates():
         pv.make_request("  ", **kw)
     with pytest.raises(pv.ProfileInputError, match="spec 'mlp': active steps must be >= 1"):
         pv.make_request("mlp", **{**kw, "active": 0})
+    with pytest.raises(pv.ProfileInputError, match=r"spec 'mlp': a 2-rank \(DDP\) capture profiles training"):
+        pv.make_request("mlp", **kw, nproc=2)
+    with pytest.raises(pv.ProfileInputError, match="spec 'mlp': ranks must be a positive integer"):
+        pv.make_request("mlp", **kw, nproc=0)
+    assert pv.make_request("mlp", **{**kw, "mode": "train"}, nproc=2).label.endswith(", train, 2 ranks (DDP), 1 active step(s)")
+
+
+def test_ddp_capture_from_the_page(data_dir):
+    """Ranks 2: a real gloo DDP run of two processes; the trace has both ranks, the distributed
+    analyses see each rank's all-reduces, the numbers match the two raw Kineto files."""
+    from profiler.analysis.distributed import collectives
+
+    at = _page()
+    at.selectbox(key="profile_zoo").select("mlp")
+    at.selectbox(key="profile_size").select("tiny")
+    at.radio(key="profile_mode").set_value("train")
+    at.number_input(key="profile_nproc").set_value(2)
+    _fast(at)
+    at.button(key="profile_run").click().run()
+    assert not at.exception and not at.error
+    trace = at.session_state["fusionlens_trace"]
+    assert trace.ranks == (0, 1)
+    assert at.session_state["fusionlens_trace_label"] == "captured: mlp (tiny), cpu/float32, train, 2 ranks (DDP), 1 active step(s)"
+    (folder,) = [p for p in (data_dir / "captures").iterdir() if p.name.startswith("mlp-")
+                 and json.loads((p / "summary.json").read_text()).get("nproc") == 2]
+    raw = [json.loads((folder / f"kineto_rank{r}.pt.trace.json").read_text())["traceEvents"] for r in (0, 1)]
+    assert _metrics(at)["CPU ops"] == f"{sum(1 for ev in raw for e in ev if e.get('ph') == 'X' and e.get('cat') == 'cpu_op'):,}"
+    assert json.loads((folder / "summary.json").read_text())["nproc"] == 2
+    coll = collectives(trace)
+    for r in (0, 1):
+        n = sum(1 for e in raw[r] if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:"))
+        assert n >= 1 and int(coll.loc[coll["rank"] == r, "count"].sum()) == n
 
 
 def test_error_line_is_one_line_naming_the_spec():
