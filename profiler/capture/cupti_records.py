@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from profiler.trace.demangle import demangle_kernel_names
 from profiler.trace.model import Trace, empty_frame
 from profiler.trace.schema import COLUMNS, SCHEMA_VERSION
 
@@ -49,20 +48,6 @@ class CuptiRecords:
     first_error: str = ""
 
 
-def demangle(names: Iterable[str]) -> dict[str, str]:
-    """Mangled C++ kernel names -> readable ones via one `c++filt` call (identity if it is missing)."""
-    unique = sorted({n for n in names if n.startswith("_Z")})
-    tool = shutil.which("c++filt")
-    if not unique or tool is None:
-        return {}
-    try:
-        out = subprocess.run([tool], input="\n".join(unique), capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    lines = out.splitlines()
-    return dict(zip(unique, lines)) if len(lines) == len(unique) else {}
-
-
 def _steps_of(ts_ns: np.ndarray, steps: Sequence[tuple[int, int, int]]) -> np.ndarray:
     """Step index per timestamp by containment in the recorded step windows; -1 outside all."""
     out = np.full(len(ts_ns), -1, dtype=np.int64)
@@ -75,12 +60,11 @@ def build_trace(rec: CuptiRecords, unix_offset_ns: int, device_properties: Seque
                 rank: int = 0, versions: Optional[Mapping[str, str]] = None) -> Trace:
     """A Trace from collected records (pure: no CUPTI calls, testable without a GPU)."""
     rows: list[dict] = []
-    names = demangle(r["name"] for r in rec.gpu if r["kind"] == "kernel")
     for r in rec.gpu:
         row = {k: r.get(k) for k in ("kind", "device", "stream", "correlation", "grid_x", "grid_y", "grid_z",
                                      "block_x", "block_y", "block_z", "registers_per_thread",
                                      "shared_memory_bytes", "bytes")}
-        row.update(name=names.get(r["name"], r["name"]), start=r["start"], end=r["end"],
+        row.update(name=r["name"], start=r["start"], end=r["end"],
                    pid=r.get("device"), tid=r.get("stream"), external_id=rec.external.get(r["correlation"]))
         rows.append(row)
     for r in rec.api:
@@ -106,11 +90,12 @@ def build_trace(rec: CuptiRecords, unix_offset_ns: int, device_properties: Seque
         df = df.drop(columns=["start", "end"]).sort_values("ts_us", kind="stable")
         events = pd.concat([events, df[[c for c in df.columns if c in COLUMNS]]], ignore_index=True)
         events = events[list(COLUMNS)].astype({k: v[0] for k, v in COLUMNS.items()})
+    events, demangled = demangle_kernel_names(events)  # CUPTI hands kernel names over mangled
     props = tuple(dict(p) for p in device_properties)
     meta = {"schema_version": SCHEMA_VERSION, "sources": ("cupti-python",), "t0_us": (t0_ns + unix_offset_ns) / 1e3,
             "ranks": (rank,), "skipped_events": rec.errors,
             "skipped_reasons": {f"cupti record not copied ({rec.first_error})": rec.errors} if rec.errors else {},
-            "device_properties": props, "versions": dict(versions or {}),
+            "device_properties": props, "versions": dict(versions or {}), "demangled_names": demangled,
             "per_rank": {rank: {"source": "cupti-python", "device_properties": props, "distributed_info": None,
                                 "versions": dict(versions or {})}}}
     return Trace(events, meta)

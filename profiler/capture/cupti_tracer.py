@@ -80,6 +80,9 @@ def _enum_name(enum: Any, value: int) -> str:
 
 
 def _kernel(a: Any) -> dict:
+    """A kernel record as written: CUPTI (and cupti-python, `name: str`) has no demangling option, so
+    the mangled name is copied here and demangled once per unique name in `build_trace`, off the
+    buffer callback, through the same `profiler.trace.demangle` as uploaded traces."""
     return {"kind": "kernel", "name": a.name, "start": a.start, "end": a.end, "device": a.device_id,
             "stream": a.stream_id, "correlation": a.correlation_id, "grid_x": a.grid_x, "grid_y": a.grid_y,
             "grid_z": a.grid_z, "block_x": a.block_x, "block_y": a.block_y, "block_z": a.block_z,

@@ -17,6 +17,7 @@ import numpy as np
 from profiler.trace import links
 from profiler.trace._structs import MISSING
 from profiler.trace.decode import FileData, decode_payload
+from profiler.trace.demangle import demangle_kernel_names
 from profiler.trace.frame import FileFrame, counters_frame, events_frame, memory_frame
 from profiler.trace.model import Trace, TraceError
 from profiler.trace.schema import SCHEMA_VERSION
@@ -143,7 +144,9 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
         A Trace whose `ts_us` counts from the earliest event over all ranks (`meta["t0_us"]`).
         Events that cannot be read (missing or wrongly typed fields, negative or absurd numbers,
         integers beyond int64) are skipped and counted in `meta["skipped_events"]` and
-        `meta["skipped_reasons"]`; rows keep file order.
+        `meta["skipped_reasons"]`; rows keep file order. Itanium-mangled kernel names (ROCm traces:
+        `_ZN7ck_tile...`) are demangled as Kineto does for CUDA; `meta["demangled_names"]` maps
+        each changed name back to the name as written ({demangled: mangled}; empty when none).
     Raises:
         TraceError: one line naming the file and what is wrong with it (also when more than
             max(10, 10%) of a file's events are unreadable, or none is usable).
@@ -165,4 +168,5 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
         memory = memory_frame(frames, rank_ids, t0)
         counters = counters_frame(frames, rank_ids, t0)
         events = events_frame(frames, rank_ids, t0)
+        events, meta["demangled_names"] = demangle_kernel_names(events)
     return Trace(events=events, meta=meta, memory=memory, counters=counters)

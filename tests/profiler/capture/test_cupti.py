@@ -162,3 +162,31 @@ def test_start_and_stop_call_cupti_in_the_documented_order():
     assert [c[1] for c in calls if c[0] == "activity_disable"] == list(reversed(kinds))
     assert _GUARD.acquire(blocking=False)
     _GUARD.release()
+
+
+def test_kernel_records_get_the_shared_demangler_once_per_name():
+    """CUPTI hands over mangled names (cupti-python has no demangle option): the buffer callback
+    copies them as written and build_trace demangles them like ingestion of uploaded traces."""
+    from types import SimpleNamespace as NS
+
+    from cupti import cupti
+
+    tracer = CuptiTracer()
+    K = cupti.ActivityKind
+    mangled = "_ZN2at6native6launchILi4EEEvPKfRSt6vectorIiSaIiEE"
+    readable = "void at::native::launch<4>(float const*, std::vector<int, std::allocator<int> >&)"
+
+    def kernel(name: str, start: int, corr: int):
+        return NS(kind=int(K.CONCURRENT_KERNEL), name=name, start=start, end=start + 5, device_id=0, stream_id=7,
+                  correlation_id=corr, grid_x=1, grid_y=1, grid_z=1, block_x=32, block_y=1, block_z=1,
+                  registers_per_thread=16, static_shared_memory=0, dynamic_shared_memory=0)
+
+    tracer._buffer_completed([kernel(mangled, 10, 1), kernel("triton_poi_fused_0", 20, 2), kernel(mangled, 30, 3),
+                              kernel("_Zxx", 40, 4)])
+    assert [r["name"] for r in tracer.records.gpu] == [mangled, "triton_poi_fused_0", mangled, "_Zxx"]  # as written
+    trace = build_trace(tracer.records, 0)
+    names = trace.events.loc[trace.events["kind"] == "kernel", "name"].astype(str).tolist()
+    assert names == [readable, "triton_poi_fused_0", readable, "_Zxx"]
+    assert trace.meta["demangled_names"] == {readable: mangled}
+    assert len(names) == 4 and abs(trace.events["dur_us"].sum() - 4 * 0.005) < 1e-12  # rows and times unchanged
+    assert build_trace(CuptiRecords(), 0).meta["demangled_names"] == {}
