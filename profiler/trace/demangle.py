@@ -236,7 +236,12 @@ def demangle_kernel_names(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[str,
     if not len(mangled):  # the common case: one vectorised pass over the vocabulary
         return events, {}
     codes = names.cat.codes.to_numpy()
-    kernel = np.asarray(events["kind"] == "kernel", dtype=bool)
+    kind = events["kind"]
+    if isinstance(kind.dtype, pd.CategoricalDtype):  # compare codes: no per-row string work
+        kinds = kind.cat.categories
+        kernel = kind.cat.codes.to_numpy() == (kinds.get_loc("kernel") if "kernel" in kinds else -2)
+    else:
+        kernel = np.asarray(kind == "kernel", dtype=bool)
     n_cats = len(cats)
     in_kernel = np.bincount(codes[kernel & (codes >= 0)], minlength=n_cats) > 0
     in_other = np.bincount(codes[~kernel & (codes >= 0)], minlength=n_cats) > 0

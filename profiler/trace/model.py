@@ -42,7 +42,8 @@ class Trace:
     origin), ranks (tuple of int), skipped_events (int), skipped_reasons (mapping reason->count),
     device_properties (tuple of mappings, from the first rank), per_rank (mapping rank ->
     {source, device_properties, distributed_info, versions}). Optional: distributed_info,
-    versions (torch/cuda/rocm/cupti ...), capture (capture settings when made live).
+    versions (torch/cuda/rocm/cupti ...), capture (capture settings when made live),
+    demangled_names ({demangled: mangled} for kernel names demangled at ingest or CUPTI capture).
     """
 
     events: pd.DataFrame
