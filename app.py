@@ -7,14 +7,21 @@ import streamlit as st
 
 from pages.state import mark_router, resume_wanted_page
 
-st.set_page_config(page_title="FusionLens", page_icon="🔬", layout="wide")
 
-PAGES = [
-    st.Page("pages/load.py", title="Load", icon="📂", default=True),
-    st.Page("pages/profile.py", title="Profile a model", icon="🧪"),
-]
 
-mark_router()
-page = st.navigation(PAGES)
-resume_wanted_page()
-page.run()
+def main() -> None:
+    st.set_page_config(page_title="FusionLens", page_icon="🔬", layout="wide")
+    pages = [
+        st.Page("pages/load.py", title="Load", icon="📂", default=True),
+        st.Page("pages/profile.py", title="Profile a model", icon="🧪"),
+    ]
+    mark_router()
+    page = st.navigation(pages)
+    resume_wanted_page()
+    page.run()
+
+
+# Streamlit runs this file as __main__. A DDP capture's worker processes (multiprocessing spawn)
+# import it again as __mp_main__: they must not run the dashboard.
+if __name__ == "__main__":
+    main()

@@ -214,6 +214,7 @@ def test_ddp_capture_from_the_page(data_dir):
     assert trace.ranks == (0, 1)
     assert at.session_state["fusionlens_trace_label"] == "captured: mlp (tiny), cpu/float32, train, 2 ranks (DDP), 1 active step(s)"
     (folder,) = [p for p in (data_dir / "captures").iterdir() if p.name.startswith("mlp-")
+                 and (p / "summary.json").is_file()  # a failed run leaves a folder without one
                  and json.loads((p / "summary.json").read_text()).get("nproc") == 2]
     raw = [json.loads((folder / f"kineto_rank{r}.pt.trace.json").read_text())["traceEvents"] for r in (0, 1)]
     assert _metrics(at)["CPU ops"] == f"{sum(1 for ev in raw for e in ev if e.get('ph') == 'X' and e.get('cat') == 'cpu_op'):,}"

@@ -87,7 +87,7 @@ def _pick(page, label: str, option: str) -> None:
 
 
 def _number(page, label: str, value: int) -> None:
-    box = page.get_by_label(label)
+    box = page.get_by_label(label, exact=True).and_(page.get_by_test_id("stNumberInputField"))
     box.fill(str(value))
     box.press("Enter")
     _settle(page)
@@ -103,6 +103,7 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
         raising.write_text("def build():\n    raise ValueError('bad config 42')\n")
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
+                ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build")]
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -130,6 +131,8 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
             _pick(page, "Roofline ceilings", "quick")
             if "medium" in label:
                 _number(page, "Active steps (kept)", 10)
+            if label.startswith("ddp"):
+                _number(page, "Ranks (DDP)", 2)
             page.get_by_role("button", name="Profile", exact=True).click()
             try:  # catch the progress bar while the capture runs (a tiny one may finish first)
                 page.get_by_test_id("stProgress").wait_for(timeout=5_000)
