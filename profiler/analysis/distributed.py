@@ -105,8 +105,9 @@ def comm_comp_overlap(trace) -> pd.DataFrame:
         comm, comp = k == kt.COMMUNICATION, k == kt.COMPUTATION
         cu, pu = iv.union(t[comm], e[comm]), iv.union(t[comp], e[comp])
         n_comm, comm_us = int(comm.sum()), float((e - t)[comm].sum())
-        if rank in cpu:
-            cu, pu, n_comm, comm_us = cpu[rank]
+        if rank in cpu:  # gloo & co: their spans; CPU compute unless the rank computes on a GPU
+            cu, cpu_pu, n_comm, comm_us = cpu[rank]
+            pu = pu if comp.any() else cpu_pu
         both = iv.intersection_length(cu, pu)
         rows.append({"rank": rank, "comm_kernels": n_comm, "comm_us": comm_us,
                      "comm_busy_us": cu.total_us, "compute_busy_us": pu.total_us, "overlap_us": both,
@@ -214,7 +215,8 @@ def _rank_metrics(trace, align: str) -> pd.DataFrame:
     busy = iv.union_by_group(comp["rank"].to_numpy(np.int64), comp["ts_us"], comp["ts_us"] + comp["dur_us"])
     busy_us = busy.total_by_group().reindex(ranks).fillna(0.0)
     for rank, (_, cpu_compute, _, _) in _cpu_busy(trace).items():  # CPU ranks: their CPU compute
-        busy_us[rank] = cpu_compute.total_us
+        if busy_us.get(rank, 0.0) == 0.0:  # (a rank with GPU computation keeps that)
+            busy_us[rank] = cpu_compute.total_us
     compute = busy_us / n_steps.clip(lower=1)
     m = matched_collectives(trace, align)
     per = m.groupby("rank")
