@@ -217,6 +217,14 @@ def cache_clear() -> None:
     _via_libstdcxx.cache_clear()
 
 
+def _kernel_rows(kind: pd.Series) -> np.ndarray:
+    """Boolean mask of `kernel` rows (categorical kinds compare by code: no per-row string work)."""
+    if isinstance(kind.dtype, pd.CategoricalDtype):
+        kinds = kind.cat.categories
+        return kind.cat.codes.to_numpy() == (kinds.get_loc("kernel") if "kernel" in kinds else -2)
+    return np.asarray(kind == "kernel", dtype=bool)
+
+
 def demangle_kernel_names(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     """Events with mangled names of `kernel` rows demangled, and {demangled: mangled} for those.
 
@@ -236,12 +244,7 @@ def demangle_kernel_names(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[str,
     if not len(mangled):  # the common case: one vectorised pass over the vocabulary
         return events, {}
     codes = names.cat.codes.to_numpy()
-    kind = events["kind"]
-    if isinstance(kind.dtype, pd.CategoricalDtype):  # compare codes: no per-row string work
-        kinds = kind.cat.categories
-        kernel = kind.cat.codes.to_numpy() == (kinds.get_loc("kernel") if "kernel" in kinds else -2)
-    else:
-        kernel = np.asarray(kind == "kernel", dtype=bool)
+    kernel = _kernel_rows(events["kind"])
     n_cats = len(cats)
     in_kernel = np.bincount(codes[kernel & (codes >= 0)], minlength=n_cats) > 0
     in_other = np.bincount(codes[~kernel & (codes >= 0)], minlength=n_cats) > 0
