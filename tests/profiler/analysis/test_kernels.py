@@ -13,10 +13,12 @@ from tests.profiler.analysis.synth import REAL_TRACES, SynthTrace, load, raw_gpu
 
 @pytest.mark.parametrize("name", REAL_TRACES)
 def test_per_name_totals_match_raw_json(name):
+    trace = real_trace(name)
+    shown = {mangled: readable for readable, mangled in trace.meta["demangled_names"].items()}  # ROCm names
     per = defaultdict(list)
     for e in raw_gpu(name):
-        per[e["name"]].append(float(e.get("dur", 0)))
-    res = kb.kernel_breakdown(real_trace(name)).set_index("name")
+        per[shown.get(e["name"], e["name"])].append(float(e.get("dur", 0)))
+    res = kb.kernel_breakdown(trace).set_index("name")
     assert set(res.index) == set(per)
     grand = sum(sum(v) for v in per.values())
     for kname, durs in per.items():
