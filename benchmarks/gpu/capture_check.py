@@ -50,7 +50,8 @@ def _summary(result, backend: str, out_dir: Path) -> dict:
            "kernels_with_flops": int(kernels["flops"].notna().sum()), "cpu_ops": int((ev["kind"] == "cpu_op").sum()),
            "sources_off": dict(result.sources_off), "timings_s": dict(result.timings),
            "device_properties": [dict(p) for p in trace.meta.get("device_properties", ())][:1],
-           "nvml_counter_hz_in_capture": nvml_hz, "top_kernels": per_name.sort_values("sum", ascending=False).head(8)
+           "nvml_counter_hz_in_capture": nvml_hz, "kernel_names": sorted(str(n) for n in kernels["name"].unique()),
+           "top_kernels": per_name.sort_values("sum", ascending=False).head(8)
            .reset_index().to_dict("records")}
     from profiler.analysis.roofline import roofline
 
@@ -134,6 +135,9 @@ def checks(kineto: dict, cupti: dict, hw: dict) -> dict[str, dict]:
         rel = abs(ct - kt) / kt if kt else float("inf")
         out["kernel_time_within_5pct"] = {"ok": rel <= KERNEL_TIME_TOLERANCE,
                                           "detail": f"kineto {kt:.1f} us vs cupti {ct:.1f} us ({100 * rel:.2f}%)"}
+        kn, cn = set(kineto["kernel_names"]), set(cupti["kernel_names"])  # CUPTI's are demangled by us
+        out["kernel_names_equal"] = {"ok": kn == cn, "detail": f"{len(kn)} names; only kineto: {sorted(kn - cn)[:3]}, "
+                                                              f"only cupti: {sorted(cn - kn)[:3]}"}
         linked = cupti["kernels_with_external_id"] / max(cc, 1)
         out["cupti_kernels_linked_to_ops"] = {"ok": linked >= 0.9, "detail": f"{100 * linked:.1f}% carry an External id"}
     rates = hw.get("nvml_hz") or {}

@@ -10,9 +10,9 @@ import pytest
 from benchmarks.gpu import capture_check as cc
 
 
-def _backend(name: str, count: int, time_us: float, linked: int) -> dict:
+def _backend(name: str, count: int, time_us: float, linked: int, names: tuple[str, ...] = ("void gemm<float>(float*)",)) -> dict:
     return {"backend": name, "kernel_count": count, "kernel_time_us": time_us, "kernels_with_external_id": linked,
-            "process_s": 12.5}
+            "process_s": 12.5, "kernel_names": list(names)}
 
 
 HW = {"nvml_hz": {"0": 49.6}, "nvml_unavailable": None, "table_entry": "H200-SXM-141GB", "table_reason": "by name",
@@ -30,6 +30,13 @@ def test_verdicts_follow_the_issue_thresholds(cupti_us, cupti_count, ok_time, ok
     assert out["kernel_time_within_5pct"]["ok"] is ok_time
     assert out["kernel_count_equal"]["ok"] is ok_count
     assert out["nvml_rate_50hz"]["ok"] and out["cupti_kernels_linked_to_ops"]["ok"]
+    assert out["kernel_names_equal"]["ok"]
+
+
+def test_kernel_names_must_match_across_backends():
+    """A CUPTI name left mangled (or named differently) shows up as a failed check with the names."""
+    out = cc.checks(_backend("kineto", 1, 10.0, 0), _backend("cupti", 1, 10.0, 1, ("_Z4gemmIfEvPT_",)), HW)
+    assert not out["kernel_names_equal"]["ok"] and "_Z4gemmIfEvPT_" in out["kernel_names_equal"]["detail"]
 
 
 def test_failed_worker_and_slow_nvml_fail_with_the_reason():
