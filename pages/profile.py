@@ -133,8 +133,11 @@ if summary.get("sources_off"):
     st.markdown("**Sources off in this capture**")
     st.table(pv.sources_off_frame(summary["sources_off"]), hide_index=True, border="horizontal")
 
-st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} op types by headroom**")
 roof = pv.roofline_frame(outcome.roofline)
+chart = pv.roofline_chart(outcome.roofline, summary.get("roofline_ceilings"), outcome.request.plan.dtype)
+if chart is not None:
+    st.plotly_chart(chart, width="stretch", key="profile_roofline_chart")
+st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} op types by headroom**")
 if roof.empty:
     st.warning(f"No roofline table: {summary.get('roofline_missing') or 'no op carried FLOPs and bytes'}")
 else:

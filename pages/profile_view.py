@@ -335,3 +335,23 @@ def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) ->
         "achieved GFLOP/s": r["achieved_flops_per_s"] / 1e9, "roof GFLOP/s": roof / 1e9,
         "calls": r["count"].astype(int), "dtype": r["dtype"].astype(str), "kind": r["kind"].astype(str),
     }).reset_index(drop=True)
+
+
+def roofline_chart(roofline: Optional[pd.DataFrame], used: Optional[Mapping[str, Any]], dtype: str) -> Optional[Any]:
+    """The roofline figure of the run's per-op-type table (roofline.csv) under the roofs it used.
+
+    None when there is no table or no recorded ceilings (the page already says why). `dtype` is the
+    capture's torch dtype name; its roof is drawn, fp32's when the ceilings have no peak for it (as
+    the analysis falls back).
+    """
+    if roofline is None or roofline.empty or not used:
+        return None
+    from profiler.capture.devices import Ceilings
+    from profiler.capture.report import ROOF_DTYPES
+    from profiler.present.roofline import roofline_figure
+
+    ceilings = Ceilings.from_json(used)
+    roof_dtype = ROOF_DTYPES.get(dtype, "fp32")
+    if ceilings.peak_for(roof_dtype) is None:
+        roof_dtype = "fp32"
+    return roofline_figure(roofline, ceilings, roof_dtype, title="Roofline: every op type with FLOPs and bytes")
