@@ -71,6 +71,37 @@ def test_page_renders_zoo_from_registry_and_sources_panel():
     assert any("Pick a model" in i.value for i in at.info)
 
 
+def _plotly_array(value) -> list:
+    """A plotly JSON array: a list, or a typed array {'dtype': 'f8', 'bdata': base64} (numpy input)."""
+    if isinstance(value, dict):
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return list(value)
+
+
+def _check_roofline_chart(at: AppTest, folder: Path) -> None:
+    """One plotly chart: the run's roofs (summary.json) and one marker per roofline.csv op type that
+    has positive, finite intensity and FLOP/s (the rest are counted in the subtitle)."""
+    import plotly.io as pio
+
+    (chart,) = at.get("plotly_chart")
+    fig = pio.from_json(chart.proto.spec)
+    used = json.loads((folder / "summary.json").read_text())["roofline_ceilings"]
+    peak, bw = used["peak_flops_per_s"]["fp32"], used["mem_bw_bytes_per_s"]
+    slope, flat = fig.data[0], fig.data[1]
+    assert flat.y[0] == pytest.approx(peak / 1e9) and slope.x[-1] == pytest.approx(peak / bw)
+    csv = pd.read_csv(folder / "roofline.csv")
+    ok = (csv["flops"] > 0) & (csv["bytes_moved"] > 0)
+    marks = [t for t in fig.data if t.name.endswith("-bound")]
+    got = sorted(x for t in marks for x in _plotly_array(t.x))
+    assert got == pytest.approx(sorted(csv.loc[ok, "flops"] / csv.loc[ok, "bytes_moved"]))
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
+    assert f"{int(ok.sum())} shown" in fig.layout.title.subtitle.text
+
+
 @pytest.mark.parametrize("mode", ["infer", "train"])
 def test_zoo_capture_becomes_current_trace(mode, data_dir):
     at = _page()
@@ -104,6 +135,7 @@ def test_zoo_capture_becomes_current_trace(mode, data_dir):
     addmm = roof[roof["op"] == "aten::addmm"].iloc[0]
     assert addmm["FLOPs"] == 2 * b * (f * h + h * o)
     assert addmm["bytes (algorithmic lower bound)"] == 4 * ((h + b * f + f * h + b * h) + (o + b * h + h * o + b * o))
+    _check_roofline_chart(at, folder)
     files = next(t.value for t in at.table if "path" in t.value.columns)
     assert all(Path(p).exists() for p in files["path"])
     assert {b.label for b in at.get("download_button")} == {"Download roofline CSV", "Download summary JSON"}
@@ -343,3 +375,17 @@ def test_page_hints_follow_the_chosen_model():
     assert at.text_input(key="profile_settings").placeholder == (
         f"features={tiny.features}, hidden={tiny.hidden}, depth={tiny.depth}, outputs={tiny.outputs}")
     assert at.number_input(key="profile_batch").placeholder == f"preset ({tiny.batch})"
+
+
+def test_roofline_chart_only_with_a_table_and_its_ceilings():
+    csv = pd.DataFrame({"kind": ["cpu_op"], "name": ["aten::mm"], "dtype": ["bf16"], "count": [2], "dur_us": [10.0],
+                        "flops": [2e6], "bytes_moved": [1e5], "algorithmic_intensity_flop_per_byte": [20.0],
+                        "achieved_flops_per_s": [2e11], "bound": ["compute"], "pct_of_roof": [50.0],
+                        "headroom_us": [5.0]})
+    used = {"peak_flops_per_s": {"fp32": 1e12}, "mem_bw_bytes_per_s": 1e11, "source": "measured"}
+    assert pv.roofline_chart(None, used, "float32") is None
+    assert pv.roofline_chart(csv.iloc[:0], used, "float32") is None
+    assert pv.roofline_chart(csv, None, "float32") is None
+    fig = pv.roofline_chart(csv, used, "bfloat16")  # no bf16 peak in these ceilings: the fp32 roof, as the analysis
+    assert fig.data[1].name.startswith("fp32 peak: 1 TFLOP/s") and fig.data[1].y[0] == pytest.approx(1.0)
+    assert list(fig.data[2].x) == [20.0] and list(fig.data[2].y) == pytest.approx([0.2])  # TFLOP/s
