@@ -79,27 +79,29 @@ def _column(rows: pd.DataFrame, name: str, default: object) -> pd.Series:
     return rows[name] if name in rows.columns else pd.Series(default, index=rows.index)
 
 
-def _hover_data(rows: pd.DataFrame) -> np.ndarray:
-    """customdata columns: escaped name, kind, dtype, calls, time (µs), % of roof, headroom (µs).
+def _hover_labels(rows: pd.DataFrame) -> np.ndarray:
+    """'name (kind, dtype)' per row, HTML-escaped: plotly reads hover text as pseudo-HTML (`void
+    k<float>` would lose its template argument) and the HTML report must never carry raw trace strings.
+    Built once per distinct label: a trace has few op types and many calls."""
+    keys = pd.DataFrame({"name": rows["name"].astype(str), "kind": _column(rows, "kind", "").astype(str),
+                         "dtype": _column(rows, "dtype", "").astype(str)})
+    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
+    labels = np.array([html.escape(f"{n} ({k}, {d})" if k or d else n) for n, k, d in uniques], dtype=object)
+    return labels[codes] if len(codes) else np.array([], dtype=object)
 
-    Names are HTML-escaped (plotly reads hover text as pseudo-HTML; `void k<float>` would lose its
-    template argument, and the HTML report must never carry raw trace strings)."""
-    names = rows["name"].astype(str)
-    escaped = names.map({n: html.escape(n) for n in pd.unique(names)})
-    return np.column_stack([
-        escaped.to_numpy(object), _column(rows, "kind", "").astype(str).to_numpy(object),
-        _column(rows, "dtype", "").astype(str).to_numpy(object),
-        pd.to_numeric(_column(rows, "count", 1), errors="coerce").to_numpy(float),
-        rows["dur_us"].to_numpy(float),
-        pd.to_numeric(_column(rows, "pct_of_roof", np.nan), errors="coerce").to_numpy(float),
-        pd.to_numeric(_column(rows, "headroom_us", np.nan), errors="coerce").to_numpy(float)])
+
+def _hover_numbers(rows: pd.DataFrame) -> np.ndarray:
+    """customdata, float64 (n, 4): calls, total time (µs), % of roof, headroom (µs). Numbers only, so
+    plotly ships it as one typed array (an object array cost ~0.5 s to serialise at 50k points)."""
+    cols = [_column(rows, "count", 1), rows["dur_us"], _column(rows, "pct_of_roof", np.nan),
+            _column(rows, "headroom_us", np.nan)]
+    return np.column_stack([pd.to_numeric(c, errors="coerce").to_numpy(float) for c in cols])
 
 
 def _hovertemplate(unit: str) -> str:
-    return ("<b>%{customdata[0]}</b> (%{customdata[1]}, %{customdata[2]})<br>"
-            "calls: %{customdata[3]:,.0f}<br>total time: %{customdata[4]:,.1f} µs<br>"
+    return ("<b>%{text}</b><br>calls: %{customdata[0]:,.0f}<br>total time: %{customdata[1]:,.1f} µs<br>"
             "intensity: %{x:.3g} FLOP/B (algorithmic)<br>achieved: %{y:.3g} " + unit + "<br>"
-            "% of roof: %{customdata[5]:.3g}%<br>headroom: %{customdata[6]:,.1f} µs<extra>%{fullData.name}</extra>")
+            "% of roof: %{customdata[2]:.3g}%<br>headroom: %{customdata[3]:,.1f} µs<extra>%{fullData.name}</extra>")
 
 
 def _marker_traces(rows: pd.DataFrame, scale: float, unit: str, sizeref: float, webgl: bool) -> list:
@@ -114,7 +116,7 @@ def _marker_traces(rows: pd.DataFrame, scale: float, unit: str, sizeref: float, 
         out.append(cls(
             x=part["algorithmic_intensity_flop_per_byte"].to_numpy(float),
             y=part["achieved_flops_per_s"].to_numpy(float) / scale,
-            mode="markers", name=f"{bound}-bound", customdata=_hover_data(part),
+            mode="markers", name=f"{bound}-bound", text=_hover_labels(part), customdata=_hover_numbers(part),
             hovertemplate=_hovertemplate(unit),
             marker=dict(size=part["dur_us"].to_numpy(float), sizemode="area", sizeref=sizeref,
                         sizemin=MIN_MARKER_PX, color=BOUND_COLOURS.get(bound, "#7f7f7f"), opacity=0.7,
@@ -163,6 +165,17 @@ def _left_out_line(rows: pd.DataFrame, ok: np.ndarray) -> str:
             f"e.g. copies: {share:.3g}% of the time)")
 
 
+def _y_span(shown: pd.DataFrame, roof_lo: float, peak: float) -> tuple[float, float]:
+    y = shown["achieved_flops_per_s"].to_numpy(float)
+    return min(roof_lo, float(y.min()) if len(y) else peak), max(peak, float(y.max()) if len(y) else peak)
+
+
+def _decade_ticks(lo: float, hi: float) -> dict:
+    """One labelled tick per decade when the axis spans two or more (plotly's default then labels
+    the 2s and 5s of every decade too, a wall of digits); plotly's own choice on shorter spans."""
+    return {"dtick": 1} if math.log10(hi / lo) >= 2 else {}
+
+
 def roofline_figure(rows: pd.DataFrame, ceilings: Ceilings, dtype: str = "fp32", *,
                     title: str = "Roofline", what: str = "op types", webgl_above: int = WEBGL_ABOVE,
                     height_px: int = 520) -> go.Figure:
@@ -195,8 +208,9 @@ def roofline_figure(rows: pd.DataFrame, ceilings: Ceilings, dtype: str = "fp32",
     subtitle = f"{what}: {_left_out_line(rows, ok)}; marker area ∝ total time; roofs {source}"
     fig.update_layout(
         title=dict(text=html.escape(title), subtitle=dict(text=html.escape(subtitle))),
-        xaxis=dict(type="log", title=dict(text=X_TITLE), exponentformat="power"),
-        yaxis=dict(type="log", title=dict(text=f"achieved {unit}"), exponentformat="power"),
+        xaxis=dict(type="log", title=dict(text=X_TITLE), exponentformat="power", **_decade_ticks(x_lo, x_hi)),
+        yaxis=dict(type="log", title=dict(text=f"achieved {unit}"), exponentformat="power",
+                   **_decade_ticks(*_y_span(shown, bw * x_lo, peak))),
         annotations=_roof_annotations(x_lo, ridge, x_hi, peak, bw, scale, dtype),
         legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
         height=height_px, margin=dict(t=80, b=110, l=70, r=20), hovermode="closest")

@@ -68,9 +68,8 @@ def test_markers_carry_the_inputs_sized_by_time_coloured_by_bound():
     assert list(mem.marker.size) == [30.0] and list(comp.marker.size) == [120.0]
     assert mem.marker.sizeref == comp.marker.sizeref  # one scale for both bounds
     # hover: escaped name, calls, time, % of roof, headroom
-    name, kind, dtype, calls, t, pct, head = comp.customdata[0]
-    assert name == "aten::mm&lt;float&gt;" and (kind, dtype) == ("cpu_op", "fp32")
-    assert (calls, t, pct, head) == (2, 120.0, 80.0, 24.0)
+    assert comp.text[0] == "aten::mm&lt;float&gt; (cpu_op, fp32)"
+    assert list(comp.customdata[0]) == [2, 120.0, 80.0, 24.0]  # calls, time, % of roof, headroom
     assert "% of roof" in comp.hovertemplate and "headroom" in comp.hovertemplate
     assert all(t.type == "scatter" for t in fig.data)
 
@@ -109,7 +108,7 @@ def test_tflops_unit_webgl_and_per_op_points():
     assert {t.type for t in marks} == {"scattergl"} and sum(len(t.x) for t in marks) == n
     got = np.sort(np.concatenate([t.y for t in marks]))
     np.testing.assert_allclose(got, np.sort(y) / 1e12)
-    assert marks[0].customdata[0][3] == 1  # no count column: one call per point
+    assert marks[0].customdata[0][0] == 1 and marks[0].text[0] == "k0"  # no count/kind/dtype columns
     assert fig.layout.title.subtitle.text.startswith("kernels: 3,000 shown")
     assert "table:H100-SXM5-80GB" in fig.data[0].name
 
@@ -142,7 +141,7 @@ def test_real_mlp_capture_one_marker_per_op_type_with_finite_intensity(tmp_path)
     plottable = sums[(sums["flops"] > 0) & (sums["bytes_moved"] > 0)]
     marks = _markers(fig)
     assert sum(len(t.x) for t in marks) == len(plottable) > 2
-    drawn = {d[0]: (x, y) for t in marks for d, x, y in zip(t.customdata, t.x, t.y)}
+    drawn = {label.removesuffix(" (cpu_op, fp32)"): (x, y) for t in marks for label, x, y in zip(t.text, t.x, t.y)}
     assert set(drawn) == set(plottable.index)
     for name, row in plottable.iterrows():
         x, y = drawn[name]
@@ -156,3 +155,11 @@ def test_real_mlp_capture_one_marker_per_op_type_with_finite_intensity(tmp_path)
     per_op = roofline_figure(points, CEIL, what="ops")
     assert sum(len(t.x) for t in _markers(per_op)) == int(((ev["flops"] > 0) & (ev["bytes_moved"] > 0)).sum())
     assert aggregate(points)["count"].sum() == len(points)
+
+
+def test_log_axes_tick_once_per_decade_on_wide_spans():
+    fig = roofline_figure(_rows(), CEIL)  # x from 1/3 to 300 (2.95 decades), y from 3.3 to 100 GFLOP/s (1.5)
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick is None
+    narrow = roofline_figure(_rows().iloc[:1].assign(algorithmic_intensity_flop_per_byte=10.0,
+                                                      achieved_flops_per_s=90e9), CEIL)
+    assert narrow.layout.xaxis.dtick is None  # 10/3 .. 30: under two decades, plotly picks
