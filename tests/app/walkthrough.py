@@ -144,9 +144,23 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
             page.wait_for_timeout(500)
             shoot(page, out_dir / f"{label}.png")
             (out_dir / f"{label}.txt").write_text(page.get_by_test_id("stMain").inner_text())
+            if zoo and not label.startswith("ddp"):
+                _roofline_hover(page, out_dir / f"{label}_roofline_hover.png")
             print(label, "done", flush=True)
             page.close()
         browser.close()
+
+
+def _roofline_hover(page, path: Path) -> None:
+    """Shot of the roofline chart with the hover label of its largest compute-bound op type open."""
+    chart = page.locator(".js-plotly-plot").first
+    chart.scroll_into_view_if_needed()
+    points = chart.locator(".scatterlayer .trace").last.locator("path.point")
+    sizes = [float(box["width"]) if (box := points.nth(i).bounding_box()) else 0.0 for i in range(points.count())]
+    if sizes:
+        points.nth(sizes.index(max(sizes))).hover(force=True)
+        page.wait_for_timeout(500)
+    chart.screenshot(path=str(path))
 
 
 if __name__ == "__main__":
