@@ -163,3 +163,11 @@ def test_log_axes_tick_once_per_decade_on_wide_spans():
     narrow = roofline_figure(_rows().iloc[:1].assign(algorithmic_intensity_flop_per_byte=10.0,
                                                       achieved_flops_per_s=90e9), CEIL)
     assert narrow.layout.xaxis.dtick is None  # 10/3 .. 30: under two decades, plotly picks
+
+
+def test_markers_above_the_roof_are_counted():
+    rows = _rows().iloc[:2].copy()
+    assert "above the roof" not in roofline_figure(rows, CEIL).layout.title.subtitle.text
+    rows.loc[0, "achieved_flops_per_s"] = 12e9  # intensity 1: the memory roof allows 10 GFLOP/s
+    rows.loc[1, "achieved_flops_per_s"] = 101e9  # intensity 100: the peak is 100 GFLOP/s
+    assert "2 above the roof" in roofline_figure(rows, CEIL).layout.title.subtitle.text
