@@ -82,11 +82,23 @@ def _hover_labels(rows: pd.DataFrame) -> np.ndarray:
     """'name (kind, dtype)' per row, HTML-escaped: plotly reads hover text as pseudo-HTML (`void
     k<float>` would lose its template argument) and the HTML report must never carry raw trace strings.
     Built once per distinct label: a trace has few op types and many calls."""
-    keys = pd.DataFrame({"name": rows["name"].astype(str), "kind": _column(rows, "kind", "").astype(str),
-                         "dtype": _column(rows, "dtype", "").astype(str)})
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
-    labels = np.array([html.escape(f"{n} ({k}, {d})" if k or d else n) for n, k, d in uniques], dtype=object)
-    return labels[codes] if len(codes) else np.array([], dtype=object)
+    if rows.empty:
+        return np.array([], dtype=object)
+    codes, uniques = [], []
+    for col in (rows["name"], _column(rows, "kind", ""), _column(rows, "dtype", "")):
+        c, u = pd.factorize(col, use_na_sentinel=False)  # per column (categorical: no strings built)
+        codes.append(c.astype(np.int64))
+        uniques.append([str(v) for v in u])
+    n_kind, n_dtype = len(uniques[1]), len(uniques[2])
+    key = (codes[0] * n_kind + codes[1]) * n_dtype + codes[2]  # one integer per (name, kind, dtype)
+    distinct, inverse = np.unique(key, return_inverse=True)
+    labels = []
+    for k in distinct.tolist():
+        rest, d = divmod(k, n_dtype)
+        n, kind = divmod(rest, n_kind)
+        name, kind_s, dtype_s = uniques[0][n], uniques[1][kind], uniques[2][d]
+        labels.append(html.escape(f"{name} ({kind_s}, {dtype_s})" if kind_s or dtype_s else name))
+    return np.array(labels, dtype=object)[inverse]
 
 
 def _hover_numbers(rows: pd.DataFrame) -> np.ndarray:
