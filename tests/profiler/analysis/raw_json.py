@@ -16,3 +16,21 @@ def raw_events(name: str) -> tuple[dict, ...]:
         doc = json.load(f)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     return tuple(e for e in events if isinstance(e, dict) and e.get("ph") == "X")
+
+
+def merged_spans(spans) -> list[tuple[float, float]]:
+    """The union of (start, end) spans as sorted, disjoint spans, in plain Python (the analyses use
+    profiler.analysis.intervals; the tests recompute with this)."""
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def overlap_us(a, b) -> float:
+    """Total length where two unions of disjoint spans intersect (a quadratic loop: fine for
+    a few thousand spans)."""
+    return sum(max(0.0, min(ae, be) - max(as_, bs)) for as_, ae in a for bs, be in b)

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from profiler.analysis import distributed as dist
+from tests.profiler.analysis.raw_json import merged_spans, overlap_us
 from tests.profiler.analysis.synth import REAL_TRACES, SynthTrace, load, raw_events, real_trace
 
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -98,24 +99,14 @@ def test_distributed_runs_on_every_real_trace(name):
     assert all(math.isnan(v) or v >= 0 for v in o["exposed_comm_us"])
 
 
-def _union(intervals):
-    merged: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return merged
-
-
 def test_overlap_matches_plain_python_on_the_raw_nccl_trace():
     """Overlap % and exposed communication recomputed from the raw JSON: union of NCCL kernels,
     union of the other kernels, their intersection (a quadratic loop: fine for a few thousand)."""
     name = "hta_a100_rank0of2_nccl_data.json.gz"
     kernels = [e for e in raw_events(name) if e.get("cat") == "kernel"]
-    comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if e["name"].startswith("ncclKernel")])
-    comp = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if not e["name"].startswith("ncclKernel")])
-    inter = sum(max(0.0, min(e, ce) - max(s, cs)) for s, e in comm for cs, ce in comp)
+    comm = merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in kernels if e["name"].startswith("ncclKernel")])
+    comp = merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in kernels if not e["name"].startswith("ncclKernel")])
+    inter = overlap_us(comm, comp)
     comm_us = sum(e - s for s, e in comm)
     o = dist.comm_comp_overlap(real_trace(name)).iloc[0]
     assert o["comm_busy_us"] == pytest.approx(comm_us, abs=1e-3)

@@ -10,6 +10,7 @@ import pytest
 
 from profiler.analysis import distributed
 from profiler.trace.ingest import load_trace
+from tests.profiler.analysis.raw_json import merged_spans, overlap_us
 
 DDP = Path(__file__).resolve().parents[2] / "data" / "ddp_cpu"
 FILES = [DDP / f"mlp_tiny_train_rank{r}.pt.trace.json.gz" for r in (0, 1)]
@@ -18,16 +19,6 @@ FILES = [DDP / f"mlp_tiny_train_rank{r}.pt.trace.json.gz" for r in (0, 1)]
 def _raw(rank: int) -> list[dict]:
     with gzip.open(FILES[rank], "rt") as f:
         return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-
-
-def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
 
 
 def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -40,23 +31,19 @@ def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
     return out
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(ae, be) - max(as_, bs)) for as_, ae in a for bs, be in b)
-
-
 def _expected(rank: int) -> dict:
     """Collective spans, compute union and their overlap for one rank, from the raw events."""
     ev = _raw(rank)
     coll = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")]
     tids = {e["tid"] for e in coll}
     ops = [e for e in ev if e.get("cat") == "cpu_op" and e["tid"] not in tids]
-    work = _merge([(e["ts"], e["ts"] + e["dur"]) for e in ops if not e["name"].startswith("c10d::")])
-    waits = _merge([(e["ts"], e["ts"] + e["dur"]) for e in ops if e["name"].startswith("c10d::")])
-    compute = _merge(_subtract(work, waits))
-    comm = _merge([(e["ts"], e["ts"] + e["dur"]) for e in coll])
+    work = merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in ops if not e["name"].startswith("c10d::")])
+    waits = merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in ops if e["name"].startswith("c10d::")])
+    compute = merged_spans(_subtract(work, waits))
+    comm = merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in coll])
     steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
     return {"n": len(coll), "comm_sum": sum(e["dur"] for e in coll), "comm_busy": sum(e - s for s, e in comm),
-            "compute": sum(e - s for s, e in compute), "overlap": _overlap(comm, compute), "steps": len(steps)}
+            "compute": sum(e - s for s, e in compute), "overlap": overlap_us(comm, compute), "steps": len(steps)}
 
 
 @pytest.fixture(scope="module")
