@@ -17,6 +17,7 @@ import pandas as pd
 
 from profiler.capture.backends import CaptureError, CapturePlan
 from profiler.errors import FusionLensError
+from profiler.present.units import si
 
 MODEL_KINDS = ("zoo", "hf", "local")
 KIND_LABELS = {"zoo": "Built-in zoo model", "hf": "Hugging Face config (hf:NAME)",
@@ -255,16 +256,6 @@ def error_line(spec: str, exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------- result tables (DataFrames to draw)
-def si(x: Optional[float], unit: str = "") -> str:
-    """1234567 -> '1.23 M<unit>' (decimal prefixes); None/NaN -> '-'."""
-    if x is None or pd.isna(x):
-        return "-"
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
-
-
 def sources_frame(statuses: list) -> pd.DataFrame:
     """SourceStatus list -> (source, state, reason) rows for the Sources panel."""
     return pd.DataFrame({"source": [s.label for s in statuses],

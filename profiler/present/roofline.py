@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 
 from profiler.analysis.roofline import RooflineError
 from profiler.capture.devices import Ceilings
+from profiler.present.units import si
 
 REQUIRED_COLUMNS = ("name", "dur_us", "algorithmic_intensity_flop_per_byte", "achieved_flops_per_s", "bound")
 BOUND_COLOURS = {"memory": "#1f77b4", "compute": "#d62728"}  # plotly's default blue / red
@@ -38,13 +39,6 @@ X_TITLE = "algorithmic intensity (FLOP / byte, algorithmic lower-bound bytes)"
 def flops_unit(peak_flops_per_s: float) -> tuple[str, float]:
     """('TFLOP/s', 1e12) when the roof reaches 1 TFLOP/s, else ('GFLOP/s', 1e9)."""
     return ("TFLOP/s", 1e12) if peak_flops_per_s >= 1e12 else ("GFLOP/s", 1e9)
-
-
-def _si(x: float, unit: str) -> str:
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
 
 
 def source_label(ceilings: Ceilings) -> str:
@@ -141,10 +135,10 @@ def _roof_traces(x_lo: float, x_hi: float, ridge: float, peak: float, bw: float,
     line = dict(color=ROOF_COLOUR, width=2)
     return [
         go.Scatter(x=[x_lo, ridge], y=[bw * x_lo / scale, peak / scale], mode="lines", line=line,
-                   name=f"memory roof: {_si(bw, 'B/s')} ({source})",
+                   name=f"memory roof: {si(bw, 'B/s')} ({source})",
                    hovertemplate="memory roof: %{y:.3g} " + unit + " at %{x:.3g} FLOP/B<extra></extra>"),
         go.Scatter(x=[ridge, x_hi], y=[peak / scale, peak / scale], mode="lines", line={**line, "dash": "dash"},
-                   name=f"{dtype} peak: {_si(peak, 'FLOP/s')} ({source})",
+                   name=f"{dtype} peak: {si(peak, 'FLOP/s')} ({source})",
                    hovertemplate="compute roof: %{y:.3g} " + unit + "<extra></extra>"),
     ]
 
@@ -156,10 +150,10 @@ def _roof_annotations(x_lo: float, ridge: float, x_hi: float, peak: float, bw: f
     slope_x = lx_lo + 0.35 * (lridge - lx_lo)  # a third of the way up the slope, far from the ridge label
     font = dict(size=12, color=ROOF_COLOUR)
     return [
-        dict(x=slope_x, y=math.log10(bw * 10 ** slope_x / scale), text=f"{_si(bw, 'B/s')} memory",
+        dict(x=slope_x, y=math.log10(bw * 10 ** slope_x / scale), text=f"{si(bw, 'B/s')} memory",
              showarrow=False, xanchor="right", yanchor="bottom", font=font),
         dict(x=lx_lo + 0.85 * (lx_hi - lx_lo) if lx_hi > lridge else lx_hi, y=math.log10(peak / scale),
-             text=f"{dtype} peak {_si(peak, 'FLOP/s')}", showarrow=False, xanchor="right", yanchor="bottom",
+             text=f"{dtype} peak {si(peak, 'FLOP/s')}", showarrow=False, xanchor="right", yanchor="bottom",
              font=font),
         dict(x=lridge, y=math.log10(peak / scale), text=f"ridge {ridge:.3g} FLOP/B", showarrow=True,
              arrowhead=0, ax=0, ay=40, yanchor="top", font=dict(size=11, color=ROOF_COLOUR)),
