@@ -2,9 +2,12 @@
 
 `rope_apply(x, cos, sin, out, backward)` has the signature of the C++ op in
 `kernels/csrc/rope.cpp`: x is [B, H, S, D] with any strides (last one 1), cos/sin are contiguous
-fp32 [B or 1, S, D], out is contiguous [B, H, S, D]. One program rotates ROWS consecutive
+fp32 [B or 1, S, D], out is contiguous [B, H, S, D]. One program rotates a tile of consecutive
 (b, h, s) rows, reading each half of the head dim once: 2 * D elements of traffic per row plus
 the (cached) cos/sin rows. backward=True applies the transposed rotation to a gradient.
+The tile holds TILE elements of each half (32 rows of a 64-wide head), so each of the 128 threads
+owns 8 contiguous elements and sm_90 gets 128-bit loads; with 4 rows a program every thread held
+one or two elements and the loads were 32/64-bit (compiled ahead of time: tests/kernels/triton_aot.py).
 Interpreter-safe: no methods on scalar arguments.
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-ROWS = 4
+TILE = 1024  # elements of each half-row tile per program
 
 
 @triton.jit
@@ -54,6 +57,7 @@ def rope_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
     n_rows = b * h * s
     cb = 0 if cos.shape[0] == 1 else s * d  # cos/sin batch stride (0: shared by the batch)
     block_h = triton.next_power_of_2(max(d // 2, 1))
-    _rope_kernel[(triton.cdiv(n_rows, ROWS),)](
+    rows_p = max(1, min(64, TILE // block_h))
+    _rope_kernel[(triton.cdiv(n_rows, rows_p),)](
         x, cos, sin, out, n_rows, h, s, x.stride(0), x.stride(1), x.stride(2), cb, d // 2,
-        BACKWARD=bool(backward), ROWS_P=ROWS, BLOCK_H=block_h)
+        BACKWARD=bool(backward), ROWS_P=rows_p, BLOCK_H=block_h)
