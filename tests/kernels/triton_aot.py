@@ -304,7 +304,7 @@ def drive_cross_entropy(full: bool) -> None:
 def drive_optim(full: bool) -> None:
     import kernels
 
-    for dtype in (torch.float32, torch.bfloat16) if full else (torch.float32,):
+    for dtype in DTYPES if full else (torch.float32, torch.bfloat16):
         params = [torch.nn.Parameter(_t(s, dtype)) for s in ((768, 768), (768,), (3, 5), (50257, 64))]
         for p in params:
             p.grad = _t(p.shape, dtype, 0.01)
