@@ -3,130 +3,287 @@
 One launch covers every tensor of a bucket: a chunk table maps each program to (tensor, start),
 and a pointer table holds each tensor's data pointers (loaded and cast to pointers in the kernel),
 as apex's multi_tensor_apply does with its chunk metadata. Per-tensor scalars (bias corrections,
-trust-ratio step sizes) travel as small device arrays. LAMB takes three launches: stage 1 (m, v,
-and per-chunk squared norms of p and of the update), a deterministic per-tensor sum of the
-partials (fp64 cumulative sums), stage 2 (recompute the update, apply lr * ratio).
+step sizes) travel as one packed [n_tensors, 2] float32 array per step. LAMB takes three launches:
+stage 1 (m, v, and per-chunk squared norms of p and of the update), a deterministic per-tensor sum
+of the partials (fp64 cumulative sums), stage 2 (recompute the update, apply lr * ratio).
+
+Aligned fast path: when every data pointer of the bucket is 16-byte aligned (ALIGNED=True), a chunk
+that lies wholly inside its tensor loads and stores without a mask through pointers hinted as
+16-byte aligned, so the compiler emits 128-bit accesses; only a tensor's tail chunk is masked.
+ALIGNED=False is the masked path for any alignment. Both compute the same fp32 math in the same
+order, so results are bit-identical between paths.
+
+Tables are cached across steps (bounded, keyed on exactly what they hold: the chunk table on the
+numels, the pointer table on every list's data pointers, both with the device), so a steady-state
+step copies one small scalar array host->device (pinned, non-blocking on CUDA) and launches.
 
 Step counters stay on the host (as torch.optim keeps them for non-capturable optimizers).
 """
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
+from typing import Callable, Hashable, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 BLOCK = 1024  # elements per program
+ALIGN_BYTES = 16  # one 128-bit access
+CACHE_ENTRIES = 8  # per table kind: buckets (dtype x param group) a training loop cycles through
 
 _DT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
 def _chunk(chunk_t, chunk_s, numels, BLOCK: tl.constexpr):
-    """This program's (tensor index, element offsets, in-bounds mask) from the chunk table."""
+    """This program's (chunk, tensor index, first element, tensor numel) from the chunk table."""
     c = tl.program_id(0)
     i = tl.load(chunk_t + c)
-    offs = tl.load(chunk_s + c) + tl.arange(0, BLOCK)
-    return c, i, offs, offs < tl.load(numels + i)
+    start = tl.multiple_of(tl.load(chunk_s + c), BLOCK)
+    return c, i, start, tl.load(numels + i)
 
 
 @triton.jit
-def _slot(ptrs, i, k: tl.constexpr, DT: tl.constexpr):
-    """Tensor i's k-th data pointer (0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq)."""
-    return tl.load(ptrs + i * 5 + k).to(tl.pointer_type(DT))
+def _slot(ptrs, i, k: tl.constexpr, DT: tl.constexpr, ALIGNED: tl.constexpr):
+    """Tensor i's k-th data pointer (0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq),
+    hinted 16-byte aligned when the host checked that every pointer of the bucket is."""
+    ptr = tl.load(ptrs + i * 5 + k).to(tl.pointer_type(DT))
+    if ALIGNED:
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr
 
 
 @triton.jit
-def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, step_size, bc2_sqrt, decay, w1, beta2, w2, eps,
-                  LERP_LOW: tl.constexpr, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
-                  DT: tl.constexpr, BLOCK: tl.constexpr):
-    c, i, offs, mask = _chunk(chunk_t, chunk_s, numels, BLOCK)
-    p_ptr = _slot(ptrs, i, 0, DT)
-    g_ptr = _slot(ptrs, i, 1, DT)
-    m_ptr = _slot(ptrs, i, 2, DT)
-    v_ptr = _slot(ptrs, i, 3, DT)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+def _ld(ptr, offs, mask, MASKED: tl.constexpr):
+    """Elements at ptr + offs as fp32 (masked lanes read 0)."""
+    if MASKED:
+        x = tl.load(ptr + offs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptr + offs)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _st(ptr, offs, x, mask, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptr + offs, x, mask=mask)
+    else:
+        tl.store(ptr + offs, x)
+
+
+@triton.jit
+def _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW: tl.constexpr,
+                AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, DT: tl.constexpr,
+                ALIGNED: tl.constexpr, MASKED: tl.constexpr):
+    p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
+    g_ptr = _slot(ptrs, i, 1, DT, ALIGNED)
+    m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
+    v_ptr = _slot(ptrs, i, 3, DT, ALIGNED)
+    g = _ld(g_ptr, offs, mask, MASKED)
     if MAXIMIZE:
         g = -g
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32) * decay
-    m0 = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    p = _ld(p_ptr, offs, mask, MASKED) * decay
+    m0 = _ld(m_ptr, offs, mask, MASKED)
     if LERP_LOW:
         m = m0 + w1 * (g - m0)
     else:
         m = g - (g - m0) * (1.0 - w1)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32) * beta2 + w2 * g * g
+    v = _ld(v_ptr, offs, mask, MASKED) * beta2 + w2 * g * g
     vd = v
     if AMSGRAD:
-        vm_ptr = _slot(ptrs, i, 4, DT)
-        vd = tl.maximum(tl.load(vm_ptr + offs, mask=mask, other=0.0).to(tl.float32), v)
-        tl.store(vm_ptr + offs, vd, mask=mask)
-    denom = tl.sqrt(vd) / tl.load(bc2_sqrt + i) + eps
-    p = p - tl.load(step_size + i) * m / denom
-    tl.store(p_ptr + offs, p, mask=mask)
-    tl.store(m_ptr + offs, m, mask=mask)
-    tl.store(v_ptr + offs, v, mask=mask)
+        vm_ptr = _slot(ptrs, i, 4, DT, ALIGNED)
+        vd = tl.maximum(_ld(vm_ptr, offs, mask, MASKED), v)
+        _st(vm_ptr, offs, vd, mask, MASKED)
+    denom = tl.sqrt(vd) / tl.load(scal + i * 2 + 1) + eps  # scal[i] = (step_size, sqrt(bc2))
+    p = p - tl.load(scal + i * 2) * m / denom
+    _st(p_ptr, offs, p, mask, MASKED)
+    _st(m_ptr, offs, m, mask, MASKED)
+    _st(v_ptr, offs, v, mask, MASKED)
 
 
 @triton.jit
-def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, inv_bc1, inv_bc2, part_p, part_u, b1, b2, w2, b3,
-                 eps, inv_clip, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr):
-    c, i, offs, mask = _chunk(chunk_t, chunk_s, numels, BLOCK)
-    p_ptr = _slot(ptrs, i, 0, DT)
-    g_ptr = _slot(ptrs, i, 1, DT)
-    m_ptr = _slot(ptrs, i, 2, DT)
-    v_ptr = _slot(ptrs, i, 3, DT)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * inv_clip + l2 * p
-    m = b1 * tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32) + b3 * g
-    v = b2 * tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32) + w2 * g * g
-    tl.store(m_ptr + offs, m, mask=mask)
-    tl.store(v_ptr + offs, v, mask=mask)
+def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, scal, decay, w1, beta2, w2, eps,
+                  LERP_LOW: tl.constexpr, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
+                  DT: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < numel
+    if ALIGNED:
+        if start + BLOCK <= numel:  # uniform per program: a whole chunk, no mask
+            _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW, AMSGRAD,
+                        MAXIMIZE, DT, True, False)
+        else:
+            _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW, AMSGRAD,
+                        MAXIMIZE, DT, True, True)
+    else:
+        _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW, AMSGRAD,
+                    MAXIMIZE, DT, False, True)
+
+
+@triton.jit
+def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip, l2,
+                dec, DT: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr):
+    p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
+    g_ptr = _slot(ptrs, i, 1, DT, ALIGNED)
+    m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
+    v_ptr = _slot(ptrs, i, 3, DT, ALIGNED)
+    p = _ld(p_ptr, offs, mask, MASKED)
+    g = _ld(g_ptr, offs, mask, MASKED) * inv_clip + l2 * p
+    m = b1 * _ld(m_ptr, offs, mask, MASKED) + b3 * g
+    v = b2 * _ld(v_ptr, offs, mask, MASKED) + w2 * g * g
+    _st(m_ptr, offs, m, mask, MASKED)
+    _st(v_ptr, offs, v, mask, MASKED)
     m = m.to(DT).to(tl.float32)  # the update from the stored (rounded) moments, as stage 2 sees them
     v = v.to(DT).to(tl.float32)
-    u = (m * tl.load(inv_bc1 + i)) / (tl.sqrt(v * tl.load(inv_bc2 + i)) + eps) + dec * p
-    u = tl.where(mask, u, 0.0)
+    u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps) + dec * p
+    if MASKED:
+        u = tl.where(mask, u, 0.0)
     tl.store(part_p + c, tl.sum(p * p, axis=0))
     tl.store(part_u + c, tl.sum(u * u, axis=0))
 
 
 @triton.jit
-def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, inv_bc1, inv_bc2, step_lr, eps, dec,
-                 DT: tl.constexpr, BLOCK: tl.constexpr):
-    c, i, offs, mask = _chunk(chunk_t, chunk_s, numels, BLOCK)
-    p_ptr = _slot(ptrs, i, 0, DT)
-    m_ptr = _slot(ptrs, i, 2, DT)
-    v_ptr = _slot(ptrs, i, 3, DT)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = (m * tl.load(inv_bc1 + i)) / (tl.sqrt(v * tl.load(inv_bc2 + i)) + eps) + dec * p
-    tl.store(p_ptr + offs, p - tl.load(step_lr + i) * u, mask=mask)
+def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, scal, part_p, part_u, b1, b2, w2, b3,
+                 eps, inv_clip, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr,
+                 ALIGNED: tl.constexpr):
+    c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < numel
+    if ALIGNED:
+        if start + BLOCK <= numel:
+            _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
+                        l2, dec, DT, True, False)
+        else:
+            _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
+                        l2, dec, DT, True, True)
+    else:
+        _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
+                    l2, dec, DT, False, True)
 
 
-class _Tables:
-    """Chunk table of a list of tensors: per program (tensor index, start) and per tensor numel."""
+@triton.jit
+def _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT: tl.constexpr,
+                ALIGNED: tl.constexpr, MASKED: tl.constexpr):
+    p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
+    m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
+    v_ptr = _slot(ptrs, i, 3, DT, ALIGNED)
+    p = _ld(p_ptr, offs, mask, MASKED)
+    m = _ld(m_ptr, offs, mask, MASKED)
+    v = _ld(v_ptr, offs, mask, MASKED)
+    u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps) + dec * p
+    _st(p_ptr, offs, p - tl.load(step_lr + i) * u, mask, MASKED)
 
-    def __init__(self, tensors: list[torch.Tensor], device: torch.device) -> None:
-        numels = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
-        counts = (numels + BLOCK - 1) // BLOCK  # chunks per tensor
+
+@triton.jit
+def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, scal, step_lr, eps, dec,
+                 DT: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < numel
+    if ALIGNED:
+        if start + BLOCK <= numel:
+            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False)
+        else:
+            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, True)
+    else:
+        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, False, True)
+
+
+class TableCache:
+    """A small LRU map from an exact key to device tables (built by `build` on a miss).
+
+    Keys are the full content the tables encode (sizes or addresses, and the device), so a hit
+    is always correct, even for tensors reallocated at the same addresses.
+    """
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        if entries < 1:
+            raise ValueError(f"TableCache needs at least one entry, got {entries}")
+        self.entries = entries
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict[Hashable, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], object]) -> object:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key]
+            self.misses += 1
+        value = build()
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.hits = self.misses = 0
+
+
+CHUNK_TABLES = TableCache()
+POINTER_TABLES = TableCache()
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One host->device copy: pinned and non-blocking on CUDA (PyTorch's caching host allocator
+    keeps the pinned block alive until the copy is done), a plain copy elsewhere."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+class ChunkTable:
+    """Per program (tensor index, first element) and per tensor numel/first/last chunk."""
+
+    def __init__(self, numels: Sequence[int], device: torch.device) -> None:
+        n = torch.tensor(numels, dtype=torch.int64)
+        counts = (n + BLOCK - 1) // BLOCK  # chunks per tensor
         self.n_chunks = int(counts.sum())
-        chunk_t = torch.repeat_interleave(torch.arange(len(tensors)), counts)  # [n_chunks]
+        chunk_t = torch.repeat_interleave(torch.arange(len(numels)), counts)  # [n_chunks]
         first = torch.cumsum(counts, 0) - counts  # first chunk of each tensor
         chunk_s = (torch.arange(self.n_chunks) - first[chunk_t]) * BLOCK
-        self.last = (first + counts - 1).to(device)  # last chunk of each tensor
-        self.first = first.to(device)
-        self.numels = numels.to(device)
-        self.chunk_t = chunk_t.to(torch.int32).to(device)
-        self.chunk_s = chunk_s.to(device)
+        self.last = _to_device(first + counts - 1, device)  # last chunk of each tensor
+        self.first = _to_device(first, device)
+        self.numels = _to_device(n, device)
+        self.chunk_t = _to_device(chunk_t.to(torch.int32), device)
+        self.chunk_s = _to_device(chunk_s, device)
 
-    @staticmethod
-    def pointers(lists: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
-        """[n_tensors, 5] int64 data pointers (p, g, m, v, vmax; 0 where a list is empty)."""
-        n = len(lists[0])
-        cols = [[t.data_ptr() for t in lst] if lst else [0] * n for lst in lists]
-        cols += [[0] * n] * (5 - len(cols))
-        return torch.tensor(list(zip(*cols)), dtype=torch.int64).to(device)
+
+def pointer_rows(lists: Sequence[Sequence[torch.Tensor]]) -> tuple[tuple[int, ...], ...]:
+    """Per tensor, its 5 data pointers (p, g, m, v, vmax; 0 where a list is empty)."""
+    n = len(lists[0])
+    cols = [[t.data_ptr() for t in lst] if lst else [0] * n for lst in lists]
+    cols += [[0] * n] * (5 - len(cols))
+    return tuple(zip(*cols))
+
+
+def all_aligned(rows: Sequence[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
+    """True if every data pointer is a multiple of align_bytes (0 = absent list counts as aligned),
+    the condition for the kernels' unmasked 128-bit path."""
+    return all(ptr % align_bytes == 0 for row in rows for ptr in row)
+
+
+def tables(lists: Sequence[Sequence[torch.Tensor]], device: torch.device
+           ) -> tuple[ChunkTable, torch.Tensor, bool]:
+    """(chunk table, [n, 5] int64 pointer table, ALIGNED) for a bucket, from the caches."""
+    numels = tuple(t.numel() for t in lists[0])
+    rows = pointer_rows(lists)
+    chunks = CHUNK_TABLES.get((device, numels), lambda: ChunkTable(numels, device))
+    ptrs = POINTER_TABLES.get((device, rows), lambda: _to_device(
+        torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 5), device))
+    return chunks, ptrs, all_aligned(rows)
 
 
 def _steps(steps: list[torch.Tensor]) -> list[float]:
@@ -134,8 +291,10 @@ def _steps(steps: list[torch.Tensor]) -> list[float]:
     return [float(s) for s in steps]
 
 
-def _per_tensor(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32).to(device)
+def _pairs(first: list[float], second: list[float], device: torch.device) -> torch.Tensor:
+    """[n, 2] float32 per-tensor scalars in one host->device copy."""
+    return _to_device(torch.tensor(list(zip(first, second)), dtype=torch.float32).reshape(-1, 2),
+                      device)
 
 
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1,
@@ -144,16 +303,15 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
     if not params:
         return
     dev, dt = params[0].device, params[0].dtype
-    tab = _Tables(params, dev)
-    ptrs = _Tables.pointers([params, grads, exp_avgs, exp_avg_sqs,
-                             max_exp_avg_sqs if amsgrad else []], dev)
+    tab, ptrs, aligned = tables([params, grads, exp_avgs, exp_avg_sqs,
+                                 max_exp_avg_sqs if amsgrad else []], dev)
     st = _steps(steps)
-    step_size = _per_tensor([lr / (1 - beta1 ** s) for s in st], dev)
-    bc2_sqrt = _per_tensor([math.sqrt(1 - beta2 ** s) for s in st], dev)
+    scal = _pairs([lr / (1 - beta1 ** s) for s in st], [math.sqrt(1 - beta2 ** s) for s in st], dev)
     _adamw_kernel[(tab.n_chunks,)](
-        ptrs, tab.numels, tab.chunk_t, tab.chunk_s, step_size, bc2_sqrt,
+        ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal,
         1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, eps,
-        LERP_LOW=(1 - beta1) < 0.5, AMSGRAD=amsgrad, MAXIMIZE=maximize, DT=_DT[dt], BLOCK=BLOCK)
+        LERP_LOW=(1 - beta1) < 0.5, AMSGRAD=amsgrad, MAXIMIZE=maximize, DT=_DT[dt], BLOCK=BLOCK,
+        ALIGNED=aligned)
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
@@ -163,18 +321,17 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
     if not params:
         return
     dev, dt = params[0].device, params[0].dtype
-    tab = _Tables(params, dev)
-    ptrs = _Tables.pointers([params, grads, exp_avgs, exp_avg_sqs], dev)
+    tab, ptrs, aligned = tables([params, grads, exp_avgs, exp_avg_sqs], dev)
     st = _steps(steps)
-    inv_bc1 = _per_tensor([1 / (1 - beta1 ** s) if bias_correction else 1.0 for s in st], dev)
-    inv_bc2 = _per_tensor([1 / (1 - beta2 ** s) if bias_correction else 1.0 for s in st], dev)
+    scal = _pairs([1 / (1 - beta1 ** s) if bias_correction else 1.0 for s in st],
+                  [1 / (1 - beta2 ** s) if bias_correction else 1.0 for s in st], dev)
     part_p = torch.empty(tab.n_chunks, dtype=torch.float32, device=dev)
     part_u = torch.empty_like(part_p)
     l2, dec = (0.0, weight_decay) if adam_w_mode else (weight_decay, 0.0)
     grid = (tab.n_chunks,)
-    _lamb_stage1[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, inv_bc1, inv_bc2, part_p, part_u,
+    _lamb_stage1[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, part_p, part_u,
                        beta1, beta2, 1 - beta2, (1 - beta1) if grad_averaging else 1.0, eps,
-                       1.0 / grad_divisor, l2, dec, DT=_DT[dt], BLOCK=BLOCK)
+                       1.0 / grad_divisor, l2, dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned)
     norms = []
     for part in (part_p, part_u):  # per-tensor sums of consecutive chunks, deterministic, fp64
         cs = torch.cumsum(part.double(), 0)
@@ -184,5 +341,5 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
     trust = (pn > 0) & (un > 0) & bool(use_nvlamb or weight_decay != 0)
     step_lr = (lr * torch.where(trust, pn / torch.where(trust, un, torch.ones_like(un)),
                                 torch.ones_like(pn))).float()
-    _lamb_stage2[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, inv_bc1, inv_bc2, step_lr, eps,
-                       dec, DT=_DT[dt], BLOCK=BLOCK)
+    _lamb_stage2[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, step_lr, eps,
+                       dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned)
