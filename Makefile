@@ -12,7 +12,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 # CUPTI (13.4 needs nvidia-cuda-cupti~=13.4 and pyelftools, which the image lacks: `import cupti` fails).
 GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1
 
-.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build clean
+.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build triton-aot clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ bench-capture: $(DEVSTAMP)
 
 bench-build: $(DEVSTAMP)
 	$(PY) benchmarks/bench_build.py
+
+# Every Triton kernel variant compiled for H100/H200 (sm_90) and A100 (sm_80) without a GPU:
+# registers, spills, shared memory and load widths per variant (tests/kernels/triton_aot.py).
+triton-aot: $(DEVSTAMP)
+	$(PY) -m tests.kernels.triton_aot --full --arch 90 --csv benchmarks/results/triton_aot_sm90.csv
+	$(PY) -m tests.kernels.triton_aot --full --arch 80 --csv benchmarks/results/triton_aot_sm80.csv
 
 clean:
 	rm -rf $(VENV) .fusionlens .pytest_cache

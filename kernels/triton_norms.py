@@ -153,20 +153,24 @@ def _reduce_partials(part: torch.Tensor, out: torch.Tensor) -> None:
     torch.sum(part, dim=0, out=out)
 
 
-def layer_norm_fwd(x, residual, weight, bias, eps, y, sum_out, mean, rstd) -> None:
-    """Same contract as torch.ops.fusionlens.layer_norm_fwd (x, residual, y, sum_out: [M, N])."""
+def layer_norm_fwd(x, residual, weight, bias, eps, y, sum_out, mean, rstd, num_warps=None) -> None:
+    """Same contract as torch.ops.fusionlens.layer_norm_fwd (x, residual, y, sum_out: [M, N]).
+
+    num_warps overrides the heuristic (for the GPU check's sweep; None: `_block`'s choice)."""
     m, n = x.shape
     block, warps = _block(n)
+    warps = num_warps or warps
     _ln_fwd[(m,)](x, residual if residual is not None else x, sum_out if residual is not None else y, y,
                   weight if weight is not None else x, bias if bias is not None else x, mean, rstd,
                   n, eps, HAS_RES=residual is not None, HAS_W=weight is not None,
                   HAS_B=bias is not None, BLOCK=block, num_warps=warps)
 
 
-def layer_norm_bwd(dy, x, weight, mean, rstd, dadd, dx, dw, db) -> None:
+def layer_norm_bwd(dy, x, weight, mean, rstd, dadd, dx, dw, db, num_warps=None) -> None:
     """Same contract as torch.ops.fusionlens.layer_norm_bwd (dw, db: fp32 [N] or empty)."""
     m, n = x.shape
     block, warps = _block(n)
+    warps = num_warps or warps
     g = _programs(m, x.device)
     rows = triton.cdiv(m, g)
     need_dw, need_db = dw.numel() > 0, db.numel() > 0
@@ -182,19 +186,21 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, dadd, dx, dw, db) -> None:
         _reduce_partials(dbp, db)
 
 
-def rms_norm_fwd(x, residual, weight, eps, llama_cast, y, sum_out, rstd) -> None:
+def rms_norm_fwd(x, residual, weight, eps, llama_cast, y, sum_out, rstd, num_warps=None) -> None:
     """Same contract as torch.ops.fusionlens.rms_norm_fwd."""
     m, n = x.shape
     block, warps = _block(n)
+    warps = num_warps or warps
     _rms_fwd[(m,)](x, residual if residual is not None else x, sum_out if residual is not None else y, y,
                    weight if weight is not None else x, rstd, n, eps, HAS_RES=residual is not None,
                    HAS_W=weight is not None, LLAMA=bool(llama_cast), BLOCK=block, num_warps=warps)
 
 
-def rms_norm_bwd(dy, x, weight, rstd, dadd, llama_cast, dx, dw) -> None:
+def rms_norm_bwd(dy, x, weight, rstd, dadd, llama_cast, dx, dw, num_warps=None) -> None:
     """Same contract as torch.ops.fusionlens.rms_norm_bwd."""
     m, n = x.shape
     block, warps = _block(n)
+    warps = num_warps or warps
     g = _programs(m, x.device)
     rows = triton.cdiv(m, g)
     need_dw = dw.numel() > 0

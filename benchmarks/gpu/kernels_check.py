@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from benchmarks.harness import CSV_COLUMNS, percentiles  # noqa: E402
 
-FAMILIES = ("norms", "activations", "softmax", "rope", "cross_entropy", "optim")
+FAMILIES = ("norms", "activations", "softmax", "rope", "cross_entropy", "optim", "norms_warps")  # the sweep last: it uses what budget is left
 
 
 _L2_FLUSH: dict[str, torch.Tensor] = {}

@@ -110,3 +110,27 @@ def test_load_widths_parser() -> None:
     ptx = ("ld.global.v4.b32 {%r1, %r2, %r3, %r4}, [%rd1];\n@%p1 ld.global.L1::evict_last.v2.b32 {..}, [%rd2];\n"
            "ld.global.b16 %rs1, [%rd3];\nld.global.nc.v4.b16 {..}, [%rd4];\nst.global.v4.b32 [%rd5], {..};")
     assert load_widths(ptx) == {128: 1, 64: 2, 16: 1}
+
+
+def test_gpu_check_warps_sweep_compiles_every_warp_count() -> None:
+    """benchmarks/kernels/norms_warps.py (run last by the GPU check) calls the launchers with every
+    warp count: each call compiles here for sm_90, so the lent GPU's minutes are not lost on it."""
+    code = """
+from tests.kernels.triton_aot import compile_only
+from benchmarks.kernels.norms_warps import gpu_cases, WARPS
+with compile_only(90) as vs:
+    cases = gpu_cases("cpu")
+    for case in cases:
+        for fn in case["variants"].values():
+            fn()
+seen = {(v.kernel, v.num_warps) for v in vs}
+for k in ("_ln_bwd", "_rms_bwd", "_ln_fwd"):
+    assert {w for name, w in seen if name == k} >= set(WARPS), (k, seen)
+print(len(cases), "cases", len(vs), "variants")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 cases" in proc.stdout
