@@ -62,8 +62,8 @@ bench-build: $(DEVSTAMP)
 # Every Triton kernel variant compiled for H100/H200 (sm_90) and A100 (sm_80) without a GPU:
 # registers, spills, shared memory and load widths per variant (tests/kernels/triton_aot.py).
 triton-aot: $(DEVSTAMP)
-	$(PY) -m tests.kernels.triton_aot --full --arch 90 --csv benchmarks/results/triton_aot_sm90.csv
-	$(PY) -m tests.kernels.triton_aot --full --arch 80 --csv benchmarks/results/triton_aot_sm80.csv
+	$(PY) -m tests.kernels.triton_aot --full --arch 90 --csv benchmarks/results/triton_aot_sm90.csv --md benchmarks/results/triton_aot_sm90.md
+	$(PY) -m tests.kernels.triton_aot --full --arch 80 --csv benchmarks/results/triton_aot_sm80.csv --md benchmarks/results/triton_aot_sm80.md
 
 clean:
 	rm -rf $(VENV) .fusionlens .pytest_cache

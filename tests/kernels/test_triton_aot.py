@@ -24,20 +24,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The argument whose divisibility by 16 decides whether a variant can use vector loads.
 SIZE_ARG = {
-    "_ln_fwd": "N", "_ln_bwd": "N", "_rms_fwd": "N", "_rms_bwd": "N",
-    "_act_fwd_kernel": "N", "_act_bwd_kernel": "N", "_glu_fwd_kernel": "numel", "_glu_bwd_kernel": "numel",
-    "_fwd_kernel": "N", "_bwd_kernel": "N", "_rope_kernel": "HALF",
-    "_ce_forward_kernel": "V", "_ce_backward_kernel": "V", "_ce_fused_kernel": "V",
-    "_adamw_kernel": None, "_lamb_stage1": None, "_lamb_stage2": None,  # tables; allocations are aligned
+    "triton_norms._ln_fwd": "N", "triton_norms._ln_bwd": "N", "triton_norms._rms_fwd": "N",
+    "triton_norms._rms_bwd": "N",
+    "triton_activations._act_fwd_kernel": "N", "triton_activations._act_bwd_kernel": "N",
+    "triton_activations._glu_fwd_kernel": "numel", "triton_activations._glu_bwd_kernel": "numel",
+    "triton_softmax._fwd_kernel": "N", "triton_softmax._bwd_kernel": "N", "triton_rope._rope_kernel": "HALF",
+    "triton_cross_entropy._ce_forward_kernel": "V", "triton_cross_entropy._ce_backward_kernel": "V",
+    "triton_cross_entropy._ce_fused_kernel": "V",
+    # pointer tables: the kernels take their vector path when the host finds every tensor aligned
+    "triton_optim._adamw_kernel": None, "triton_optim._lamb_stage1": None, "triton_optim._lamb_stage2": None,
 }
-NORMS = {"_ln_fwd", "_ln_bwd", "_rms_fwd", "_rms_bwd"}
+NORMS = {"triton_norms._ln_fwd", "triton_norms._ln_bwd", "triton_norms._rms_fwd", "triton_norms._rms_bwd"}
 
 
 def launched_kernels() -> set[str]:
     """Names of the @triton.jit functions the kernels package launches (`name[grid](...)`)."""
     names: set[str] = set()
     for path in (ROOT / "kernels").glob("triton_*.py"):
-        names |= set(re.findall(r"\b(_\w+)\[[^\]\n]*\]\(", path.read_text()))
+        names |= {f"{path.stem}.{n}" for n in re.findall(r"\b(_\w+)\[[^\]\n]*\]\(", path.read_text())}
     return names
 
 
@@ -124,7 +128,7 @@ with compile_only(90) as vs:
         for fn in case["variants"].values():
             fn()
 seen = {(v.kernel, v.num_warps) for v in vs}
-for k in ("_ln_bwd", "_rms_bwd", "_ln_fwd"):
+for k in ("triton_norms._ln_bwd", "triton_norms._rms_bwd", "triton_norms._ln_fwd"):
     assert {w for name, w in seen if name == k} >= set(WARPS), (k, seen)
 print(len(cases), "cases", len(vs), "variants")
 """

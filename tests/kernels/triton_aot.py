@@ -45,7 +45,7 @@ SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
 @dataclass(frozen=True)
 class Variant:
     """One compiled specialization of one kernel (what Triton would cache and launch)."""
-    kernel: str
+    kernel: str  # module.function, e.g. triton_norms._ln_fwd
     arch: int
     num_warps: int
     constexprs: str  # "BLOCK=1024 HAS_W=True ..." (the compile-time parameters, sorted)
@@ -179,12 +179,13 @@ def compile_only(capability: int = 90) -> Iterator[list[Variant]]:
         kernel = original_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         elapsed = time.perf_counter() - t0
         consts, sig = _describe(signature, constexprs, attrs, self.params)
-        tag = (self.fn.__name__, consts, sig, options.num_warps)
+        name = f"{self.module.rsplit('.', 1)[-1]}.{self.fn.__name__}"  # triton_softmax._fwd_kernel
+        tag = (name, consts, sig, options.num_warps)
         if tag not in seen:
             seen.add(tag)
             ptx = kernel.asm["ptx"]
             widths = load_widths(ptx)
-            variants.append(Variant(kernel=self.fn.__name__, arch=capability, num_warps=options.num_warps,
+            variants.append(Variant(kernel=name, arch=capability, num_warps=options.num_warps,
                                     constexprs=consts, signature=sig, shared=int(kernel.metadata.shared),
                                     loads=" ".join(f"{b}x{n}" for b, n in sorted(widths.items(), reverse=True)),
                                     widest_load_bits=max(widths, default=0), compile_s=round(elapsed, 3),
@@ -346,18 +347,46 @@ def write_table(variants: list[Variant], path: Path) -> None:
             w.writerow(list(asdict(v).values()) + [v.occupancy_warps])
 
 
+def summary_markdown(variants: list[Variant], title: str) -> str:
+    """One row per kernel: variants, registers, occupancy, spills and load widths (min-max)."""
+    lines = [f"### {title}", "",
+             "| kernel | variants | warps | registers/thread | resident warps/SM (registers) | spilling variants "
+             "(max bytes) | shared B | widest load, bits (min-max over variants) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(v.kernel for v in variants):
+        vs = [v for v in variants if v.kernel == name]
+        spills = [v for v in vs if v.spill_stores or v.spill_loads]
+
+        def span(values) -> str:
+            lo, hi = min(values), max(values)
+            return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+        lines.append(f"| {name} | {len(vs)} | {span([v.num_warps for v in vs])} | {span([v.registers for v in vs])} "
+                     f"| {span([v.occupancy_warps for v in vs])} | {len(spills)}"
+                     + (f" ({max(v.spill_stores for v in spills)})" if spills else "")
+                     + f" | {span([v.shared for v in vs])} | {span([v.widest_load_bits for v in vs])} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, choices=sorted(ARCHS), help="compute capability")
     ap.add_argument("--family", action="append", choices=sorted(DRIVERS), help="default: all")
     ap.add_argument("--full", action="store_true", help="every dtype and more shapes (slower)")
     ap.add_argument("--csv", type=Path, help="write one row per compiled variant")
+    ap.add_argument("--md", type=Path, help="write a per-kernel summary table (markdown)")
     args = ap.parse_args(argv)
     families = tuple(args.family or DRIVERS)
     t0 = time.perf_counter()
     variants, errors = compile_all(args.arch, families, args.full, log=lambda s: print(s, flush=True))
     if args.csv:
         write_table(variants, args.csv)
+    if args.md:
+        import triton
+
+        title = (f"Triton kernels compiled for {ARCHS[args.arch]}, Triton {triton.__version__}, "
+                 f"{time.strftime('%Y-%m-%d')}{' (--full)' if args.full else ''}")
+        args.md.write_text(summary_markdown(variants, title))
     spills = [v for v in variants if v.spill_stores or v.spill_loads]
     print(f"{len(variants)} variants for {ARCHS[args.arch]} in {time.perf_counter() - t0:.0f} s; "
           f"{len(spills)} spill; {len(errors)} families failed")
