@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 import triton
@@ -245,7 +245,7 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class ChunkTable:
-    """Per program (tensor index, first element) and per tensor numel/first/last chunk."""
+    """Per program (tensor index, first element); per tensor numel and chunk range [first, end)."""
 
     def __init__(self, numels: Sequence[int], device: torch.device) -> None:
         n = torch.tensor(numels, dtype=torch.int64)
@@ -254,8 +254,8 @@ class ChunkTable:
         chunk_t = torch.repeat_interleave(torch.arange(len(numels)), counts)  # [n_chunks]
         first = torch.cumsum(counts, 0) - counts  # first chunk of each tensor
         chunk_s = (torch.arange(self.n_chunks) - first[chunk_t]) * BLOCK
-        self.last = _to_device(first + counts - 1, device)  # last chunk of each tensor
         self.first = _to_device(first, device)
+        self.end = _to_device(first + counts, device)  # one past each tensor's last chunk
         self.numels = _to_device(n, device)
         self.chunk_t = _to_device(chunk_t.to(torch.int32), device)
         self.chunk_s = _to_device(chunk_s, device)
@@ -269,10 +269,15 @@ def pointer_rows(lists: Sequence[Sequence[torch.Tensor]]) -> tuple[tuple[int, ..
     return tuple(zip(*cols))
 
 
-def all_aligned(rows: Sequence[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
+def all_aligned(rows: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
     """True if every data pointer is a multiple of align_bytes (0 = absent list counts as aligned),
     the condition for the kernels' unmasked 128-bit path."""
     return all(ptr % align_bytes == 0 for row in rows for ptr in row)
+
+
+def _stream(device: torch.device) -> int:
+    """The current CUDA stream (tables are used on the stream that built them), 0 elsewhere."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def tables(lists: Sequence[Sequence[torch.Tensor]], device: torch.device
@@ -280,8 +285,9 @@ def tables(lists: Sequence[Sequence[torch.Tensor]], device: torch.device
     """(chunk table, [n, 5] int64 pointer table, ALIGNED) for a bucket, from the caches."""
     numels = tuple(t.numel() for t in lists[0])
     rows = pointer_rows(lists)
-    chunks = CHUNK_TABLES.get((device, numels), lambda: ChunkTable(numels, device))
-    ptrs = POINTER_TABLES.get((device, rows), lambda: _to_device(
+    where = (device, _stream(device))
+    chunks = CHUNK_TABLES.get((where, numels), lambda: ChunkTable(numels, device))
+    ptrs = POINTER_TABLES.get((where, rows), lambda: _to_device(
         torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 5), device))
     return chunks, ptrs, all_aligned(rows)
 
@@ -334,9 +340,8 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
                        1.0 / grad_divisor, l2, dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned)
     norms = []
     for part in (part_p, part_u):  # per-tensor sums of consecutive chunks, deterministic, fp64
-        cs = torch.cumsum(part.double(), 0)
-        before = torch.where(tab.first > 0, cs[(tab.first - 1).clamp(min=0)], torch.zeros_like(cs[:1]))
-        norms.append((cs[tab.last] - before).clamp(min=0).sqrt())
+        cs = torch.nn.functional.pad(torch.cumsum(part.double(), 0), (1, 0))  # cs[k] = sum of k first
+        norms.append((cs[tab.end] - cs[tab.first]).clamp(min=0).sqrt())
     pn, un = norms
     trust = (pn > 0) & (un > 0) & bool(use_nvlamb or weight_decay != 0)
     step_lr = (lr * torch.where(trust, pn / torch.where(trust, un, torch.ones_like(un)),
