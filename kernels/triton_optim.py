@@ -13,9 +13,10 @@ that lies wholly inside its tensor loads and stores without a mask through point
 ALIGNED=False is the masked path for any alignment. Both compute the same fp32 math in the same
 order, so results are bit-identical between paths.
 
-Tables are cached across steps (bounded, keyed on exactly what they hold: the chunk table on the
-numels, the pointer table on every list's data pointers, both with the device), so a steady-state
-step copies one small scalar array host->device (pinned, non-blocking on CUDA) and launches.
+Tables are cached across steps (bounded LRU, keyed on exactly what they hold: the chunk table on
+the numels, the pointer table and the ALIGNED flag on every list's data pointers, both with the
+device and the CUDA stream), so a steady-state step copies one small scalar array host->device
+(pinned, non-blocking on CUDA) per launch group, and launches.
 
 Step counters stay on the host (as torch.optim keeps them for non-capturable optimizers).
 """
@@ -261,18 +262,23 @@ class ChunkTable:
         self.chunk_s = _to_device(chunk_s, device)
 
 
-def pointer_rows(lists: Sequence[Sequence[torch.Tensor]]) -> tuple[tuple[int, ...], ...]:
-    """Per tensor, its 5 data pointers (p, g, m, v, vmax; 0 where a list is empty)."""
+def pointer_columns(lists: Sequence[Sequence[torch.Tensor]]) -> tuple[tuple[int, ...], ...]:
+    """Per list (p, g, m, v, vmax), its tensors' data pointers (zeros for an absent list)."""
     n = len(lists[0])
-    cols = [[t.data_ptr() for t in lst] if lst else [0] * n for lst in lists]
-    cols += [[0] * n] * (5 - len(cols))
-    return tuple(zip(*cols))
+    cols = tuple(tuple([t.data_ptr() for t in lst]) if lst else (0,) * n for lst in lists)
+    return cols + ((0,) * n,) * (5 - len(cols))
 
 
-def all_aligned(rows: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
+def all_aligned(columns: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
     """True if every data pointer is a multiple of align_bytes (0 = absent list counts as aligned),
     the condition for the kernels' unmasked 128-bit path."""
-    return all(ptr % align_bytes == 0 for row in rows for ptr in row)
+    return all(ptr % align_bytes == 0 for col in columns for ptr in col)
+
+
+def _pointer_table(columns: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, bool]:
+    """([n_tensors, 5] int64 pointer table on device, ALIGNED)."""
+    table = torch.tensor(columns, dtype=torch.int64).reshape(5, -1).t().contiguous()
+    return _to_device(table, device), all_aligned(columns)
 
 
 def _stream(device: torch.device) -> int:
@@ -283,13 +289,12 @@ def _stream(device: torch.device) -> int:
 def tables(lists: Sequence[Sequence[torch.Tensor]], device: torch.device
            ) -> tuple[ChunkTable, torch.Tensor, bool]:
     """(chunk table, [n, 5] int64 pointer table, ALIGNED) for a bucket, from the caches."""
-    numels = tuple(t.numel() for t in lists[0])
-    rows = pointer_rows(lists)
+    numels = tuple([t.numel() for t in lists[0]])
+    cols = pointer_columns(lists)
     where = (device, _stream(device))
     chunks = CHUNK_TABLES.get((where, numels), lambda: ChunkTable(numels, device))
-    ptrs = POINTER_TABLES.get((where, rows), lambda: _to_device(
-        torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 5), device))
-    return chunks, ptrs, all_aligned(rows)
+    ptrs, aligned = POINTER_TABLES.get((where, cols), lambda: _pointer_table(cols, device))
+    return chunks, ptrs, aligned
 
 
 def _steps(steps: list[torch.Tensor]) -> list[float]:

@@ -37,12 +37,12 @@ def test_alignment_helper_on_aligned_offset_and_absent_lists() -> None:
     flat = torch.zeros(101)
     shifted = flat[1:].view(10, 10)  # dense, but 4 bytes past a 16-byte boundary
     assert a.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 4
-    assert to.all_aligned(to.pointer_rows([[a, b], [a, b], [a, b], [a, b], []]))
-    assert not to.all_aligned(to.pointer_rows([[a, shifted], [a, b], [a, b], [a, b]]))
-    assert not to.all_aligned(to.pointer_rows([[a], [a], [a], [a], [flat[1:5]]]))  # only vmax off
-    rows = to.pointer_rows([[a, b], [b, a], [a, a], [b, b]])
-    assert rows == ((a.data_ptr(), b.data_ptr(), a.data_ptr(), b.data_ptr(), 0),
-                    (b.data_ptr(), a.data_ptr(), a.data_ptr(), b.data_ptr(), 0))
+    assert to.all_aligned(to.pointer_columns([[a, b], [a, b], [a, b], [a, b], []]))
+    assert not to.all_aligned(to.pointer_columns([[a, shifted], [a, b], [a, b], [a, b]]))
+    assert not to.all_aligned(to.pointer_columns([[a], [a], [a], [a], [flat[1:5]]]))  # only vmax off
+    cols = to.pointer_columns([[a, b], [b, a], [a, a], [b, b]])
+    assert cols == ((a.data_ptr(), b.data_ptr()), (b.data_ptr(), a.data_ptr()),
+                    (a.data_ptr(), a.data_ptr()), (b.data_ptr(), b.data_ptr()), (0, 0))
     assert to.all_aligned([(16, 32, 0)]) and not to.all_aligned([(16, 8)])
     assert to.all_aligned([(8, 24)], align_bytes=8)
 
