@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from tests.kernels.numerics import run_in_triton_interpreter
 
@@ -28,6 +29,27 @@ pytest.importorskip("triton")
 from kernels import triton_optim as to  # noqa: E402  (needs triton)
 
 ROOT = Path(__file__).resolve().parents[2]
+KERNEL_NAMES = ("_adamw_kernel", "_lamb_stage1", "_lamb_stage2")
+
+
+def offset1(p: torch.Tensor) -> nn.Parameter:
+    """p's values as a dense parameter one element past a 16-byte boundary (a flat buffer's view)."""
+    flat = torch.zeros(p.numel() + 1, dtype=p.dtype, device=p.device)
+    flat[1:].copy_(p.detach().flatten())
+    return nn.Parameter(flat[1:].view(p.shape))
+
+
+class LaunchSpy:
+    """Stands in for a @triton.jit kernel: records each launch's ALIGNED, then launches."""
+
+    def __init__(self, kernel, record: list) -> None:
+        self.kernel, self.record = kernel, record
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.record.append(kwargs["ALIGNED"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
 # ---- the alignment decision ------------------------------------------------------------------
@@ -100,79 +122,83 @@ def test_tables_content_hits_misses_and_bound() -> None:
         to.TableCache(0)
 
 
-# ---- interpreted: both paths against torch ---------------------------------------------------
+# ---- both paths against torch (interpreted here; compiled on a GPU) --------------------------
 
-_PATHS_SCRIPT = """
-import torch
-from torch import nn
-from kernels import triton_optim as to
-from kernels.optim import AdamW, LAMB
-from tests.kernels.numerics import assert_matches, max_err
-from tests.kernels.test_optim import initial, grad_sequence, run
+def check_paths(device: str, shapes: tuple, steps: int) -> int:
+    """Step each optimizer config through `steps` steps twice, with every parameter aligned and with
+    each one a view at element offset 1 (the masked path), in fp32 and bf16. Asserts: every launch
+    took the expected path; both runs agree bit for bit; both match torch.optim.AdamW / the LAMB
+    reference (judged against float64 as numerics.assert_matches does; within a few fp32 ulps of
+    the fp32 eager result on the interpreter). Returns the number of configs checked."""
+    from kernels.optim import LAMB, AdamW
+    from tests.kernels.numerics import assert_matches, max_err
+    from tests.kernels.test_optim import grad_sequence, initial, run
 
-decisions = []  # ALIGNED of every launch
+    names = [str(s) for s in shapes]
+    p0 = [p.to(device) for p in initial(shapes)]
+    seq = [[g.to(device) for g in gs] for gs in grad_sequence(shapes, steps=steps)]
+    launches: list[bool] = []
+    real = {name: getattr(to, name) for name in KERNEL_NAMES}
 
-class Spy:
-    def __init__(self, kernel):
-        self.kernel = kernel
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            decisions.append(kwargs["ALIGNED"])
-            return self.kernel[grid](*args, **kwargs)
-        return launch
+    def paths(make, dtype):
+        launches.clear()
+        aligned = run(make, p0, seq, dtype)
+        took = set(launches)
+        launches.clear()
+        shifted = run(make, p0, seq, dtype, offset1)
+        assert took == {True} and set(launches) == {False}, (took, launches)
+        for a, b, name in zip(aligned, shifted, names):  # same fp32 math, same order
+            assert torch.equal(a, b), f"{name}: the aligned and masked paths differ"
+        return aligned
 
-for name in ("_adamw_kernel", "_lamb_stage1", "_lamb_stage2"):
-    setattr(to, name, Spy(getattr(to, name)))
+    def scale(t):
+        return max(1.0, float(t.abs().max())) if t.numel() else 1.0
 
-B = to.BLOCK
-shapes = ((0,), (B,), (2, B), (1500,), (B + 1,), (7, 3), ())  # empty, whole chunks only, tails
-names = [str(s) for s in shapes]
-p0, seq = initial(shapes), grad_sequence(shapes, steps=3)
-
-def offset1(p):  # a dense parameter 4 bytes (fp32) / 2 bytes (bf16) past a 16-byte boundary
-    flat = torch.zeros(p.numel() + 1, dtype=p.dtype)
-    flat[1:].copy_(p.detach().flatten())
-    return nn.Parameter(flat[1:].view(p.shape))
-
-def paths(make):
-    decisions.clear()
-    aligned = run(make, p0, seq, dtype)
-    took_aligned = set(decisions)
-    decisions.clear()
-    shifted = run(make, p0, seq, dtype, offset1)
-    assert took_aligned == {True} and set(decisions) == {False}, (took_aligned, decisions)
-    for a, s, n in zip(aligned, shifted, names):  # same fp32 math in the same order: bit-identical
-        assert torch.equal(a, s), n
-    return aligned
-
-def scale(t):
-    return max(1.0, float(t.abs().max())) if t.numel() else 1.0
-
-n = 0
-for dtype in (torch.float32, torch.bfloat16):
-    tol = 4 * torch.finfo(dtype).eps
-    for hp in (dict(lr=1e-2, weight_decay=0.1), dict(lr=1e-2, amsgrad=True, maximize=True)):
-        ours = paths(lambda ps: AdamW(ps, provider="triton", **hp))
-        eager = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, dtype)
-        truth = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, torch.float64)
-        assert_matches(ours, eager, truth, dtype, names=names)
-        if dtype == torch.float32:
-            for o, e, name in zip(ours, eager, names):
-                assert max_err(o, e) <= 64 * tol * scale(e), (name, hp, max_err(o, e))
-        n += 1
-    for hp in (dict(lr=1e-2), dict(lr=1e-2, weight_decay=0.0, use_nvlamb=True)):
-        ours = paths(lambda ps: LAMB(ps, provider="triton", **hp))
-        ref = run(lambda ps: LAMB(ps, provider="reference", **hp), p0, seq, dtype)  # fp32 eager
-        for o, r, name in zip(ours, ref, names):
-            assert max_err(o, r) <= tol * scale(r), (name, hp, dtype, max_err(o, r))
-        n += 1
-print(n)
-"""
+    adamw = (dict(lr=1e-2, weight_decay=0.1), dict(lr=1e-2, amsgrad=True, maximize=True))
+    lamb = (dict(lr=1e-2), dict(lr=1e-2, weight_decay=0.0, use_nvlamb=True))
+    checked = 0
+    for name in KERNEL_NAMES:
+        setattr(to, name, LaunchSpy(real[name], launches))
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            ulps = 4 * torch.finfo(dtype).eps
+            for hp in adamw:
+                ours = paths(lambda ps: AdamW(ps, provider="triton", **hp), dtype)
+                eager = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, dtype)
+                truth = run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), p0, seq, torch.float64)
+                assert_matches(ours, eager, truth, dtype, names=names)
+                if dtype == torch.float32 and device == "cpu":
+                    for o, e, n in zip(ours, eager, names):
+                        assert max_err(o, e) <= 16 * ulps * scale(e), (n, hp, max_err(o, e))
+                checked += 1
+            for hp in lamb:
+                ours = paths(lambda ps: LAMB(ps, provider="triton", **hp), dtype)
+                eager = run(lambda ps: LAMB(ps, provider="reference", **hp), p0, seq, dtype)  # fp32 math
+                truth = run(lambda ps: LAMB(ps, provider="reference", **hp), p0, seq, torch.float64)
+                assert_matches(ours, eager, truth, dtype, names=names)
+                if device == "cpu":
+                    for o, e, n in zip(ours, eager, names):
+                        assert max_err(o, e) <= ulps * scale(e), (n, hp, dtype, max_err(o, e))
+                checked += 1
+    finally:
+        for name, kernel in real.items():
+            setattr(to, name, kernel)
+    return checked
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: the compiled kernels are checked by test_optim.py")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: test_cuda_* checks the compiled kernels")
 def test_aligned_and_masked_paths_match_torch_and_each_other_interpreted() -> None:
-    assert int(run_in_triton_interpreter(_PATHS_SCRIPT).strip().splitlines()[-1]) == 8
+    code = ("from kernels import triton_optim as to\n"
+            "from tests.kernels.test_optim_triton_paths import check_paths\n"
+            "B = to.BLOCK\n"  # empty, whole chunks only, and tails
+            "print(check_paths('cpu', ((0,), (B,), (2, B), (1500,), (B + 1,), (7, 3), ()), 3))\n")
+    assert int(run_in_triton_interpreter(code).strip().splitlines()[-1]) == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_aligned_and_masked_paths_match_torch_and_each_other() -> None:
+    B = to.BLOCK
+    assert check_paths("cuda", ((0,), (64, B), (768, 2304), (100003,), (B + 1,), (7, 3), ()), 10) == 8
 
 
 _CACHE_SCRIPT = """
