@@ -22,6 +22,7 @@ Step counters stay on the host (as torch.optim keeps them for non-capturable opt
 """
 from __future__ import annotations
 
+import array
 import math
 import threading
 from collections import OrderedDict
@@ -302,10 +303,12 @@ def _steps(steps: list[torch.Tensor]) -> list[float]:
     return [float(s) for s in steps]
 
 
-def _pairs(first: list[float], second: list[float], device: torch.device) -> torch.Tensor:
-    """[n, 2] float32 per-tensor scalars in one host->device copy."""
-    return _to_device(torch.tensor(list(zip(first, second)), dtype=torch.float32).reshape(-1, 2),
-                      device)
+def _pairs(steps: list[float], pair: Callable[[float], tuple[float, float]],
+           device: torch.device) -> torch.Tensor:
+    """[n, 2] float32 per-tensor scalars pair(step) (computed once per distinct step), one copy."""
+    memo = {s: pair(s) for s in set(steps)}
+    flat = array.array("f", [x for s in steps for x in memo[s]])  # double -> float, nearest
+    return _to_device(torch.frombuffer(flat, dtype=torch.float32).reshape(-1, 2), device)
 
 
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1,
@@ -317,7 +320,7 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
     tab, ptrs, aligned = tables([params, grads, exp_avgs, exp_avg_sqs,
                                  max_exp_avg_sqs if amsgrad else []], dev)
     st = _steps(steps)
-    scal = _pairs([lr / (1 - beta1 ** s) for s in st], [math.sqrt(1 - beta2 ** s) for s in st], dev)
+    scal = _pairs(st, lambda s: (lr / (1 - beta1 ** s), math.sqrt(1 - beta2 ** s)), dev)
     _adamw_kernel[(tab.n_chunks,)](
         ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal,
         1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, eps,
@@ -334,8 +337,8 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
     dev, dt = params[0].device, params[0].dtype
     tab, ptrs, aligned = tables([params, grads, exp_avgs, exp_avg_sqs], dev)
     st = _steps(steps)
-    scal = _pairs([1 / (1 - beta1 ** s) if bias_correction else 1.0 for s in st],
-                  [1 / (1 - beta2 ** s) if bias_correction else 1.0 for s in st], dev)
+    scal = _pairs(st, lambda s: (1 / (1 - beta1 ** s), 1 / (1 - beta2 ** s)) if bias_correction
+                  else (1.0, 1.0), dev)
     part_p = torch.empty(tab.n_chunks, dtype=torch.float32, device=dev)
     part_u = torch.empty_like(part_p)
     l2, dec = (0.0, weight_decay) if adam_w_mode else (weight_decay, 0.0)
