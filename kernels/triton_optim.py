@@ -197,7 +197,7 @@ def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, scal, step_lr, eps, dec,
 class TableCache:
     """A small LRU map from an exact key to device tables (built by `build` on a miss).
 
-    Keys are the full content the tables encode (sizes or addresses, and the device), so a hit
+    Keys are the full content the tables encode (sizes or addresses; device and stream), so a hit
     is always correct, even for tensors reallocated at the same addresses.
     """
 
