@@ -22,12 +22,21 @@ import triton.language as tl
 MAX_N = 65536
 
 
-def _block(n: int) -> tuple[int, int]:
-    """(BLOCK, num_warps) for a row of n elements."""
+def _block(n: int, backward: bool = False) -> tuple[int, int]:
+    """(BLOCK, num_warps) for a row of n elements.
+
+    The backward holds five row-long fp32 values a thread (x, dy, w, two weight-grad sums): at
+    BLOCK 16384 with 16 warps sm_90 spills 1.7-2.0 KB a thread inside the row loop, with 32 warps
+    120-320 bytes (compiled ahead of time, tests/kernels/triton_aot.py), so it takes 32 there.
+    Below that nothing aligned spills; which warp count runs fastest is measured by the GPU
+    check's sweep (benchmarks/kernels/norms_warps.py).
+    """
     if n > MAX_N:
         raise ValueError(f"triton norms hold one row in registers: last dim {n} > {MAX_N}")
     block = triton.next_power_of_2(max(n, 1))
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16 if block <= 32768 else 32
+    if backward and block >= 16384:
+        warps = 32
     return block, warps
 
 
@@ -169,7 +178,7 @@ def layer_norm_fwd(x, residual, weight, bias, eps, y, sum_out, mean, rstd, num_w
 def layer_norm_bwd(dy, x, weight, mean, rstd, dadd, dx, dw, db, num_warps=None) -> None:
     """Same contract as torch.ops.fusionlens.layer_norm_bwd (dw, db: fp32 [N] or empty)."""
     m, n = x.shape
-    block, warps = _block(n)
+    block, warps = _block(n, backward=True)
     warps = num_warps or warps
     g = _programs(m, x.device)
     rows = triton.cdiv(m, g)
@@ -199,7 +208,7 @@ def rms_norm_fwd(x, residual, weight, eps, llama_cast, y, sum_out, rstd, num_war
 def rms_norm_bwd(dy, x, weight, rstd, dadd, llama_cast, dx, dw, num_warps=None) -> None:
     """Same contract as torch.ops.fusionlens.rms_norm_bwd."""
     m, n = x.shape
-    block, warps = _block(n)
+    block, warps = _block(n, backward=True)
     warps = num_warps or warps
     g = _programs(m, x.device)
     rows = triton.cdiv(m, g)

@@ -137,4 +137,4 @@ print(len(cases), "cases", len(vs), "variants")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "4 cases" in proc.stdout
+    assert "5 cases" in proc.stdout
