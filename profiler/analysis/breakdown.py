@@ -10,7 +10,10 @@ runtime call overlap it; a µs covered only by a CPU op is `cpu_only`; a µs wit
 - communication: communication kernels (NCCL/RCCL/... see `kernel_types`). They are not
   `kernel`: a µs where only a collective runs is communication time. Because `kernel` ranks
   first, a µs where a computation kernel overlaps a collective counts as kernel (the collective
-  is hidden there); only exposed communication shows up as communication;
+  is hidden there); only exposed communication shows up as communication. On a rank whose
+  collectives run on a CPU process group (DDP over gloo; `cpu_comm`), its `c10d::` ops and the
+  CPU ops of its worker threads rank here too, and the collective spans rank just below
+  cpu_only: CPU compute hides them, as a kernel hides a GPU collective (`LEVELS`);
 - runtime: `cuda_runtime`, `cuda_driver` and `cuda_sync` rows (host side of launches, syncs);
 - cpu_only: `cpu_op` rows (TensorBoard's "CPU Exec");
 - other: remaining host annotations (`python_function`, `user_annotation` other than the
@@ -39,12 +42,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profiler.analysis import cpu_comm
 from profiler.analysis import intervals as iv
 from profiler.analysis import kernel_types as kt
 from profiler.analysis.registry import register_analysis
 
-# Priority order of the step breakdown (first wins where categories overlap).
+# The step breakdown's categories (output columns) ...
 CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "cpu_only", "other")
+# ... and its priority levels (first wins where rows overlap). Communication has two: GPU
+# collectives and the CPU ops that do a CPU process group's communication rank above CPU compute;
+# a CPU collective span itself ranks below it, so compute that overlaps it hides it, as a
+# computation kernel hides a GPU collective.
+LEVELS: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "cpu_only", "communication",
+                           "other")
 STEP_PREFIX = "ProfilerStep#"
 _RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "cuda_sync")
 _OTHER_KINDS = ("python_function", "user_annotation")
@@ -103,18 +113,25 @@ def step_windows(trace) -> pd.DataFrame:
     return out.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
 
 
-def _category_codes(ev: pd.DataFrame) -> np.ndarray:
-    """Index into CATEGORIES per row, -1 for rows that count nowhere (markers, GPU annotations)."""
+_CPU_COMM_SPAN_LEVEL = len(LEVELS) - 2  # the second "communication", below cpu_only
+
+
+def _level_codes(ev: pd.DataFrame) -> np.ndarray:
+    """Index into LEVELS per row, -1 for rows that count nowhere (markers, GPU annotations)."""
     kind = ev["kind"]  # categorical: comparisons run on its integer codes
     code = np.full(len(ev), -1, dtype=np.int8)
     is_kernel = (kind == "kernel").to_numpy()
-    code[is_kernel] = CATEGORIES.index("kernel")
-    code[(kind == "gpu_memcpy").to_numpy()] = CATEGORIES.index("memcpy")
-    code[(kind == "gpu_memset").to_numpy()] = CATEGORIES.index("memset")
-    code[is_kernel & kt.is_communication(ev)] = CATEGORIES.index("communication")
-    code[kind.isin(_RUNTIME_KINDS).to_numpy()] = CATEGORIES.index("runtime")
-    code[(kind == "cpu_op").to_numpy()] = CATEGORIES.index("cpu_only")
-    code[kind.isin(_OTHER_KINDS).to_numpy()] = CATEGORIES.index("other")
+    code[is_kernel] = LEVELS.index("kernel")
+    code[(kind == "gpu_memcpy").to_numpy()] = LEVELS.index("memcpy")
+    code[(kind == "gpu_memset").to_numpy()] = LEVELS.index("memset")
+    code[is_kernel & kt.is_communication(ev)] = LEVELS.index("communication")
+    code[kind.isin(_RUNTIME_KINDS).to_numpy()] = LEVELS.index("runtime")
+    code[(kind == "cpu_op").to_numpy()] = LEVELS.index("cpu_only")
+    code[kind.isin(_OTHER_KINDS).to_numpy()] = LEVELS.index("other")
+    spans = cpu_comm.collective_span_mask(ev)
+    if spans.any():  # a CPU process group's communication (DDP over gloo): see cpu_comm
+        code[cpu_comm.communication_op_mask(ev, spans)] = LEVELS.index("communication")
+        code[spans] = _CPU_COMM_SPAN_LEVEL
     code[_is_step_marker(ev["name"])] = -1  # the step markers span the whole step
     return code
 
@@ -130,23 +147,27 @@ def step_breakdown(trace) -> pd.DataFrame:
     """
     ev = trace.events
     win = step_windows(trace)
-    codes = _category_codes(ev)
+    codes = _level_codes(ev)
     rank = ev["rank"].to_numpy(np.int64)
     ts = ev["ts_us"].to_numpy(np.float64)
     end = ts + ev["dur_us"].to_numpy(np.float64)
     wr = win["rank"].to_numpy(np.int64)
     ws, we = win["start_us"].to_numpy(), win["end_us"].to_numpy()
     out = win.copy()
+    for cat in CATEGORIES:
+        out[f"{cat}_us"] = 0.0
     covered_prev = np.zeros(len(win))
     cum: iv.GroupedIntervals | None = None
-    for k, cat in enumerate(CATEGORIES):  # loop over 7 categories, not events
+    for k, cat in enumerate(LEVELS):  # loop over 8 priority levels, not events
         sel = codes == k
+        if not sel.any() and cum is not None:
+            continue
         own = iv.union_by_group(rank[sel], ts[sel], end[sel])
         cum = own if cum is None else iv.union_by_group(
             np.concatenate([cum.groups, own.groups]), np.concatenate([cum.starts, own.starts]),
             np.concatenate([cum.ends, own.ends]))
         covered = iv.covered_in_windows_by_group(cum, wr, ws, we)
-        out[f"{cat}_us"] = np.maximum(covered - covered_prev, 0.0)
+        out[f"{cat}_us"] += np.maximum(covered - covered_prev, 0.0)
         covered_prev = covered
     out["idle_us"] = np.maximum(out["duration_us"].to_numpy() - covered_prev, 0.0)
     return out

@@ -15,13 +15,15 @@ CPU runs (DDP over gloo): a rank with no GPU communication kernels has no kernel
 its collectives by, but its CPU process group records each collective it runs as a user
 annotation `<backend>:<collective>` on its worker thread (ProcessGroupGloo: `gloo:all_reduce`).
 Those spans are that rank's communication, and its computation is the CPU ops of the other
-threads (minus the `c10d::` ops, which issue or wait for collectives).
+threads (minus the `c10d::` ops, which issue or wait for collectives): see `cpu_comm`, which the
+step breakdown shares.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from profiler.analysis import cpu_comm
 from profiler.analysis import intervals as iv
 from profiler.analysis import kernel_types as kt
 from profiler.analysis.registry import register_analysis
@@ -36,9 +38,6 @@ DTYPE_BYTES: dict[str, int] = {
 }
 ROBUST_Z = 3.5      # Iglewicz-Hoaglin cut-off for the modified z-score
 REL_TOL = 0.10      # and at least 10% of the scale, so tiny spreads do not flag noise
-# CPU process-group backends' collective spans (user annotations), and the ops that issue them.
-CPU_COLLECTIVE_PREFIXES: tuple[str, ...] = ("gloo:", "mpi:", "ucc:")
-C10D_PREFIX = "c10d::"
 
 
 def _gpu_typed(trace) -> pd.DataFrame:
@@ -50,18 +49,6 @@ def _gpu_typed(trace) -> pd.DataFrame:
     return g.sort_values("rank", kind="stable")
 
 
-def _cpu_collective_mask(ev: pd.DataFrame) -> np.ndarray:
-    """Bool per event: a CPU process group's collective span on a rank without GPU communication
-    kernels (on ranks with them, the kernels are the communication and these spans are not)."""
-    span = (ev["kind"] == "user_annotation").to_numpy().copy()  # few rows: test only their names
-    span[span] = ev.loc[span, "name"].astype("string").str.startswith(CPU_COLLECTIVE_PREFIXES).fillna(False).to_numpy()
-    if not span.any():
-        return span
-    kernels = ev.loc[(ev["kind"] == "kernel").to_numpy()]
-    gpu_comm_ranks = kernels.loc[kt.is_communication(kernels), "rank"].unique()
-    return span & ~ev["rank"].isin(gpu_comm_ranks).to_numpy()
-
-
 def _cpu_busy(trace) -> dict[int, tuple[iv.Intervals, iv.Intervals, int, float]]:
     """Per CPU-communicating rank: (collective-span union, compute union, spans, summed span time).
 
@@ -69,12 +56,12 @@ def _cpu_busy(trace) -> dict[int, tuple[iv.Intervals, iv.Intervals, int, float]]
     `c10d::` ops (issuing a collective or blocking on it is not computation, and DDP's gradient
     hooks, which are ops themselves, block inside them)."""
     ev = trace.events
-    coll = _cpu_collective_mask(ev)
+    coll = cpu_comm.collective_span_mask(ev)
     out: dict[int, tuple[iv.Intervals, iv.Intervals, int, float]] = {}
     if not coll.any():
         return out
     ops = ev.loc[(ev["kind"] == "cpu_op").to_numpy(), ["rank", "tid", "name", "ts_us", "dur_us"]]
-    c10d = ops["name"].astype("string").str.startswith(C10D_PREFIX).fillna(False).to_numpy()
+    c10d = ops["name"].astype("string").str.startswith(cpu_comm.C10D_PREFIX).fillna(False).to_numpy()
     spans = ev.loc[coll, ["rank", "tid", "ts_us", "dur_us"]]
 
     def union(rows: pd.DataFrame) -> iv.Intervals:
@@ -121,7 +108,7 @@ def comm_rows(trace) -> pd.DataFrame:
     """Communication kernels with collective, process group, dtype and element counts filled in;
     on CPU ranks, their process group's collective spans (sizes unknown: NaN)."""
     ev = trace.events
-    cpu_coll = _cpu_collective_mask(ev)
+    cpu_coll = cpu_comm.collective_span_mask(ev)
     kernel = (ev["kind"] == "kernel").to_numpy()
     comm = np.zeros(len(ev), bool)
     comm[kernel] = kt.is_communication(ev.loc[kernel])

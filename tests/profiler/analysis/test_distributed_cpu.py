@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.analysis import distributed
+from profiler.analysis import cpu_comm, distributed
 from profiler.trace.ingest import load_trace
 from tests.profiler.analysis.raw_json import merged_spans, overlap_us
 
@@ -93,6 +93,47 @@ def test_gpu_ranks_do_not_count_cpu_spans(trace) -> None:
     kernel = ev.iloc[[0]].assign(kind="kernel", name="ncclDevKernel_AllReduce_Sum_f32_RING_LL", rank=0)
     with_gpu = type(trace)(events=pd.concat([ev, kernel], ignore_index=True), meta=trace.meta,
                            memory=trace.memory, counters=trace.counters)
-    mask = distributed._cpu_collective_mask(with_gpu.events)
+    mask = cpu_comm.collective_span_mask(with_gpu.events)
     assert not mask[(with_gpu.events["rank"] == 0).to_numpy()].any()
     assert mask[(with_gpu.events["rank"] == 1).to_numpy()].sum() == _expected(1)["n"]
+
+
+def _length(spans) -> float:
+    return sum(e - s for s, e in spans)
+
+
+def _clip(spans, lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(s, lo), min(e, hi)) for s, e in spans if min(e, hi) > max(s, lo)]
+
+
+def test_step_breakdown_counts_gloo_communication(trace) -> None:
+    """Per rank and step, recomputed from the raw events: communication = the c10d:: ops and the
+    ops of the gloo worker thread, plus the gloo spans where no other CPU op runs; cpu_only = the
+    other CPU ops; the breakdown's categories still sum to the step."""
+    from profiler.analysis.breakdown import step_breakdown
+
+    got = step_breakdown(trace).set_index(["rank", "step"])
+    for rank in (0, 1):
+        ev = _raw(rank)
+        spans = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")]
+        tids = {e["tid"] for e in spans}
+        ops = [e for e in ev if e.get("cat") == "cpu_op"]
+        comm_ops = merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in ops
+                                 if e["name"].startswith("c10d::") or e["tid"] in tids])
+        cpu = merged_spans(_subtract(merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in ops]), comm_ops))
+        hidden = merged_spans(comm_ops + cpu)
+        coll = merged_spans(_subtract(merged_spans([(e["ts"], e["ts"] + e["dur"]) for e in spans]), hidden))
+        steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev
+                       if e["name"].startswith("ProfilerStep#"))
+        prev_end = float("-inf")
+        for start, end, step in steps:  # TensorBoard's windows: not before the previous step's end
+            lo = max(start, prev_end)
+            prev_end = max(prev_end, end)
+            row = got.loc[(rank, step)]
+            want_comm = _length(_clip(comm_ops, lo, end)) + _length(_clip(coll, lo, end))
+            assert row["duration_us"] == pytest.approx(end - lo, abs=1e-3)
+            assert row["communication_us"] == pytest.approx(want_comm, abs=1e-2), (rank, step)
+            assert row["cpu_only_us"] == pytest.approx(_length(_clip(cpu, lo, end)), abs=1e-2), (rank, step)
+            cats = [c for c in row.index if c.endswith("_us") and c not in ("start_us", "end_us", "duration_us")]
+            assert sum(row[c] for c in cats) == pytest.approx(row["duration_us"], abs=1e-2)
+            assert row["communication_us"] > 0.4 * row["duration_us"]  # gloo on 2 vCPUs dominates a tiny MLP
