@@ -116,14 +116,20 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
         lines += ["", "no GPU activity (kernels, memcpy, memset) in this trace: a CPU-only run; GPU views are empty"]
         lines += _top_cpu_ops(report, top)
     ktb = report.get("kernel_type_breakdown") or {}
-    if ktb:
-        lines += ["", "kernel types: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in ktb.items())]
-    for rank, v in (report.get("temporal") or {}).items():
-        span = v["span_us"] or 0.0
-        pct = (lambda x: f"{100 * x / span:.0f}%" if span and x is not None else "n/a")
-        lines.append(f"rank {rank} GPU span {_fmt(span, ',.0f')} µs: compute {pct(v['compute_us'])}, "
-                     f"non-compute {pct(v['non_compute_us'])}, idle {pct(v['idle_us'])}; "
-                     f"comm/compute overlap {_pct((report.get('comm_comp_overlap_pct') or {}).get(rank))}")
+    overlap = report.get("comm_comp_overlap_pct") or {}
+    if kb:  # the GPU views
+        if ktb:
+            lines += ["", "kernel types: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in ktb.items())]
+        for rank, v in (report.get("temporal") or {}).items():
+            span = v["span_us"] or 0.0
+            pct = (lambda x: f"{100 * x / span:.0f}%" if span and x is not None else "n/a")
+            lines.append(f"rank {rank} GPU span {_fmt(span, ',.0f')} µs: compute {pct(v['compute_us'])}, "
+                         f"non-compute {pct(v['non_compute_us'])}, idle {pct(v['idle_us'])}; "
+                         f"comm/compute overlap {_pct(overlap.get(rank))}")
+    else:  # a CPU run: only a CPU process group's collectives (gloo) have an overlap to show
+        cpu_overlap = [f"rank {rank} (CPU collectives): comm/compute overlap {_pct(v)}"
+                       for rank, v in overlap.items() if v is not None]
+        lines += ([""] + cpu_overlap) if cpu_overlap else []
     steps = report.get("step_breakdown") or []
     if steps:
         cats = [k for k in steps[0] if k.endswith("_us") and k not in ("start_us", "end_us", "duration_us")]

@@ -165,3 +165,20 @@ def test_cli_unusable_options_are_one_line_errors(tmp_path):
     for opt in ("--top", "--max-rows"):
         p = analyze(BERT, opt, "-1")
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and ">= 0" in p.stderr
+
+
+def test_cli_summary_of_a_cpu_ddp_pair(tmp_path):
+    """Two gloo ranks (tests/data/ddp_cpu): the step line names the communication, each rank's CPU
+    collectives get their overlap, and no empty GPU lines are printed; the JSON agrees."""
+    ddp = ROOT / "tests" / "data" / "ddp_cpu"
+    out = tmp_path / "ddp.json"
+    p = analyze(*(str(f) for f in sorted(ddp.glob("*.json.gz"))), "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "GPU span" not in p.stdout and "kernel types" not in p.stdout
+    assert "rank 0 (CPU collectives): comm/compute overlap" in p.stdout
+    assert "rank 1 (CPU collectives): comm/compute overlap" in p.stdout
+    r = strict_load(out)
+    steps = r["step_breakdown"]
+    comm = sum(s["communication_us"] for s in steps) / sum(s["duration_us"] for s in steps)
+    step_line = next(line for line in p.stdout.splitlines() if line.startswith("step time"))
+    assert f"communication {100 * comm:.0f}%" in step_line and comm > 0.4
