@@ -10,7 +10,9 @@ DEVSTAMP := $(VENV)/.installed-dev
 # Wheels the GPU machine's image lacks (it has torch 2.11+cu130, triton, pandas, pyarrow, nvidia-ml-py,
 # cuda-bindings and nvidia-cuda-cupti 13.0); carried as .whl/. cupti-python 13.0.1 matches that CUDA 13.0
 # CUPTI (13.4 needs nvidia-cuda-cupti~=13.4 and pyelftools, which the image lacks: `import cupti` fails).
-GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1
+# liger-kernel (pure Python; needs only torch and triton) is the baseline issue 5 names for the GPU
+# kernel benchmarks, which add a "liger" variant when it imports.
+GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1 liger-kernel==0.8.5
 
 .PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build triton-aot clean
 
