@@ -8,8 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run(*args, data_dir=None):
-    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def run(*args, data_dir=None, extra_env=None):
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra_env or {})}
     if data_dir is not None:  # measured ceilings are cached here, not in the repository
         env["FUSIONLENS_DATA_DIR"] = str(data_dir)
     return subprocess.run([sys.executable, "-m", "profiler", "capture", *args], cwd=ROOT,
@@ -22,6 +22,7 @@ def test_capture_writes_everything(tmp_path):
                data_dir=tmp_path / "data")
     assert proc.returncode == 0, proc.stderr
     assert "[4/4]" in proc.stderr and "source off: nvml" in proc.stdout
+    assert "USDT" not in proc.stderr  # Kineto's start/stop log lines stay out of the progress
     assert (out / "kineto_rank0.pt.trace.json").is_file()
     assert (out / "trace" / "events.parquet").is_file() and (out / "trace" / "meta.json").is_file()
     assert (out / "roofline.csv").read_text().startswith("kind,name")
@@ -34,6 +35,14 @@ def test_capture_writes_everything(tmp_path):
     used = summary["roofline_ceilings"]
     assert used["source"] == "measured" and used["mem_bw_bytes_per_s"] > 0
     assert roof and {float(r["peak_flops_per_s"]) for r in roof} == {used["peak_flops_per_s"]["fp32"]}
+
+
+def test_kineto_log_level_set_by_the_user_is_kept(tmp_path):
+    """torch 2.13's Kineto logs its start/stop at the default level; a user's KINETO_LOG_LEVEL wins."""
+    proc = run("mlp", "--size", "tiny", "--steps", "1", "--out", str(tmp_path), "--ceilings", "none", "--quiet",
+               extra_env={"KINETO_LOG_LEVEL": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "profiler_start" in proc.stderr
 
 
 def test_roofline_missing_is_explained(tmp_path):
