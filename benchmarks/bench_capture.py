@@ -51,7 +51,7 @@ from torch.profiler import ProfilerAction, profile  # noqa: E402
 
 from benchmarks.harness import Timing, append_rows, percentiles, print_table  # noqa: E402
 from profiler.capture.backends import CapturePlan  # noqa: E402
-from profiler.capture.kineto import profiler_options, step_marker  # noqa: E402
+from profiler.capture.kineto import profiler_options, quiet_kineto_on_cpu, step_marker  # noqa: E402
 from profiler.capture.runner import capture, make_step, prepare  # noqa: E402
 from profiler.capture.spec import load_spec  # noqa: E402
 from profiler.capture.zoo import zoo_models  # noqa: E402
@@ -220,6 +220,7 @@ def main() -> None:
     ap.add_argument("--no-fixed", action="store_true", help="skip the one full capture per model")
     ap.add_argument("--dry-run", action="store_true", help="print the table, append no rows")
     args = ap.parse_args()
+    quiet_kineto_on_cpu(args.device)  # as the capture CLI: no Kineto start/stop lines per block
     if args.threads:
         torch.set_num_threads(args.threads)
     variants = [v.strip() for v in args.variants.split(",")]

@@ -9,6 +9,7 @@ backend and `benchmarks/bench_capture.py`, so the overhead the benchmark reports
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -21,6 +22,18 @@ from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, 
 
 
 STEP_MARKER = "ProfilerStep#"  # torch.profiler's step annotation name; the loader finds steps by it
+# Kineto's log threshold above all its severities. torch 2.13's Kineto prints two lines to stderr
+# per capture ("USDT:... profiler_start" / "profiler_stop"); on a CPU capture it has nothing else
+# to say. On CUDA its warnings (e.g. CUPTI permissions) matter, so they are kept there.
+KINETO_QUIET = "6"
+
+
+def quiet_kineto_on_cpu(device: str) -> None:
+    """For a command-line CPU capture: silence Kineto's stderr log unless the user set
+    KINETO_LOG_LEVEL. Kineto reads it once, when the process first profiles, so call this before;
+    it changes this process's environment (and its DDP workers'), so the library never calls it."""
+    if str(device).startswith("cpu"):
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
 
 
 def trace_filename(rank: int) -> str:

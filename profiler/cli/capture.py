@@ -8,7 +8,6 @@ to stderr; bad input is one line and exit status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,6 @@ from profiler.errors import FusionLensError
 
 class UsageError(FusionLensError):
     """A command-line value that cannot be used."""
-
-
-# Kineto's log threshold above all its severities. torch 2.13's Kineto prints two lines to stderr
-# per capture ("USDT:... profiler_start" / "profiler_stop") through the progress lines; on a CPU
-# capture it has nothing else to say. On CUDA its warnings (e.g. CUPTI permissions) matter: kept.
-KINETO_QUIET = "6"
-
-
-def quiet_kineto_on_cpu(device: str) -> None:
-    """Silence Kineto's stderr log for a CPU capture unless the user set KINETO_LOG_LEVEL. Kineto
-    reads it once, when the process first profiles, so this runs before the capture starts."""
-    if str(device).startswith("cpu"):
-        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -122,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         raise UsageError(str(exc)) from None
     overrides = parse_settings(args.set)
+    from profiler.capture.kineto import quiet_kineto_on_cpu
+
     quiet_kineto_on_cpu(args.device)
     out = args.out or default_out_dir(args.spec)
     check_out_dir(Path(out))
