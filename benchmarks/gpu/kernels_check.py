@@ -32,6 +32,8 @@ import torch  # noqa: E402
 
 from benchmarks.harness import CSV_COLUMNS, percentiles  # noqa: E402
 
+TRITON_MODULES = ("kernels.triton_norms", "kernels.triton_activations", "kernels.triton_softmax",
+                  "kernels.triton_rope", "kernels.triton_cross_entropy", "kernels.triton_optim")
 FAMILIES = ("norms", "activations", "softmax", "rope", "cross_entropy", "optim", "norms_warps")  # the sweep last: it uses what budget is left
 
 
@@ -153,6 +155,31 @@ def _row(kernel, variant, shape, metric, p50, unit, gpu, p20=None, p80=None) -> 
                 unit=unit, notes="triton provider; CUDA events per call, L2 flushed before each; interleaved 5 rounds x 10 calls")
 
 
+def compiled_resources() -> list[dict]:
+    """Every variant of our Triton kernels this process compiled: warps and shared memory, and,
+    once the driver has loaded it, registers and local memory (spills) per thread as the driver
+    reports them, to set beside the ahead-of-time table (benchmarks/results/triton_aot_sm90.csv)."""
+    from triton.runtime.jit import JITFunction
+
+    out = []
+    for module_name in TRITON_MODULES:
+        module = sys.modules.get(module_name)
+        for fn in (vars(module).values() if module else ()):
+            if not isinstance(fn, JITFunction):
+                continue
+            names = [p.name for p in fn.params]
+            for cache, *_ in list(fn.device_caches.values()):
+                for k in list(cache.values()):
+                    consts = getattr(getattr(k, "src", None), "constants", {}) or {}
+                    desc = " ".join(f"{names[p[0]] if isinstance(p, tuple) and len(p) == 1 else p}={v}"
+                                    for p, v in sorted(consts.items(), key=str))
+                    meta = getattr(k, "metadata", None)
+                    out.append({"kernel": f"{module_name.rsplit('.', 1)[-1]}.{fn.__name__}", "constexprs": desc,
+                                "num_warps": getattr(meta, "num_warps", None), "shared": getattr(meta, "shared", None),
+                                "registers": getattr(k, "n_regs", None), "local_bytes": getattr(k, "n_spills", None)})
+    return out
+
+
 def _markdown(title: str, header: list[str], table: list[list]) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
@@ -206,16 +233,34 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
             print("  " + " | ".join(table[-1]), flush=True)
             _write(args.out, gpu, bw, checks, table, rows)
-    print(_write(args.out, gpu, bw, checks, table, rows))
+    try:  # what the driver says each compiled variant uses (never fails the check)
+        resources = compiled_resources()
+    except Exception as exc:
+        resources = []
+        print(f"kernels_check: compiled_resources: {type(exc).__name__}: {exc}")
+    for r in resources:
+        variant = f"{r['constexprs']} warps={r['num_warps']}"
+        rows += [_row(r["kernel"], variant, "", metric, r[key], unit, gpu)
+                 for key, metric, unit in (("registers", "registers_per_thread", "regs"),
+                                           ("local_bytes", "local_bytes_per_thread", "B"), ("shared", "shared_bytes", "B"))
+                 if r[key] is not None]
+    print(_write(args.out, gpu, bw, checks, table, rows, resources))
     return 1 if any(r[1].startswith("FAIL") for r in checks) else 0
 
 
-def _write(out: Path, gpu: str, bw: float, checks: list, table: list, rows: list) -> str:
+def _write(out: Path, gpu: str, bw: float, checks: list, table: list, rows: list,
+           resources: list[dict] | None = None) -> str:
     """(Re)write kernels_gpu.md and kernels_gpu.csv with everything measured so far."""
     header = ["kernel", "shape", "variant", "p50 ms", "GB/s", "% copy bw", "time / ours"]
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     md = _markdown(f"Kernel checks on {gpu}, {date}", ["check", "result", "time"], checks)
     md += "\n" + _markdown(f"Kernel speed on {gpu}, {date} (D2D copy {bw:.0f} GB/s)", header, table)
+    if resources:
+        md += "\n" + _markdown(f"Compiled Triton variants on {gpu}, {date} (driver-reported; compare "
+                               "benchmarks/results/triton_aot_sm90.csv)",
+                               ["kernel", "constexprs", "warps", "registers", "local B/thread", "shared B"],
+                               [[r["kernel"], r["constexprs"], r["num_warps"], r["registers"], r["local_bytes"],
+                                 r["shared"]] for r in resources])
     (out / "kernels_gpu.md").write_text(md)
     with (out / "kernels_gpu.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)

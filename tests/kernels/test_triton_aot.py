@@ -138,3 +138,29 @@ print(len(cases), "cases", len(vs), "variants")
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "5 cases" in proc.stdout
+
+
+def test_gpu_check_lists_the_compiled_variants() -> None:
+    """benchmarks/gpu/kernels_check.compiled_resources walks our kernels' Triton caches: here, after
+    compile-only launches, every variant is listed with its constexprs, warps and shared memory;
+    registers and spills stay None until a driver loads the kernel (on the GPU)."""
+    code = """
+from tests.kernels.triton_aot import compile_only, drive_rope, drive_softmax
+from benchmarks.gpu.kernels_check import compiled_resources, TRITON_MODULES
+with compile_only(90) as vs:
+    drive_rope(False)
+    drive_softmax(False)
+rows = compiled_resources()
+assert {r["kernel"] for r in rows} == {v.kernel for v in vs}, rows
+assert len(rows) >= len({(v.kernel, v.constexprs, v.num_warps) for v in vs}), (len(rows), len(vs))
+assert all(r["registers"] is None and r["local_bytes"] is None for r in rows)
+assert all(r["num_warps"] in (4, 8, 16) and r["shared"] is not None for r in rows)
+assert any("ROWS_P=" in r["constexprs"] and "BLOCK_H=" in r["constexprs"] for r in rows)
+assert {m.rsplit(".", 1)[-1] for m in TRITON_MODULES} >= {r["kernel"].split(".")[0] for r in rows}
+print(len(rows))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
