@@ -60,8 +60,9 @@ def _cpu_busy(trace) -> dict[int, tuple[iv.Intervals, iv.Intervals, int, float]]
     out: dict[int, tuple[iv.Intervals, iv.Intervals, int, float]] = {}
     if not coll.any():
         return out
-    ops = ev.loc[(ev["kind"] == "cpu_op").to_numpy(), ["rank", "tid", "name", "ts_us", "dur_us"]]
-    c10d = ops["name"].astype("string").str.startswith(cpu_comm.C10D_PREFIX).fillna(False).to_numpy()
+    is_op = (ev["kind"] == "cpu_op").to_numpy()
+    ops = ev.loc[is_op, ["rank", "tid", "ts_us", "dur_us"]]
+    c10d = cpu_comm.c10d_op_mask(ev)[is_op]
     spans = ev.loc[coll, ["rank", "tid", "ts_us", "dur_us"]]
 
     def union(rows: pd.DataFrame) -> iv.Intervals:
