@@ -33,13 +33,14 @@ from typing import Callable, Iterator
 
 import torch
 
-# Capability -> (ptxas arch, what it is). sm_90 is what the lent H200 runs.
+# Compute capability -> the target it names. sm_90 is what the lent H200 runs.
 ARCHS: dict[int, str] = {90: "sm_90a (H100/H200)", 80: "sm_80 (A100)"}
-# Registers per SM and the per-block shared-memory limit on sm_90 / sm_80 (CUDA C guide, table 21).
+# Registers per SM, and the most shared memory one block may use, on sm_90 / sm_80 (CUDA C++
+# Programming Guide, technical specifications per compute capability).
 REGS_PER_SM = 65536
+SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
 TRITON_MODULES = ("kernels.triton_norms", "kernels.triton_activations", "kernels.triton_softmax",
                   "kernels.triton_rope", "kernels.triton_cross_entropy", "kernels.triton_optim")
-SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
 
 
 @dataclass(frozen=True)
