@@ -32,8 +32,6 @@ import torch  # noqa: E402
 
 from benchmarks.harness import CSV_COLUMNS, percentiles  # noqa: E402
 
-TRITON_MODULES = ("kernels.triton_norms", "kernels.triton_activations", "kernels.triton_softmax",
-                  "kernels.triton_rope", "kernels.triton_cross_entropy", "kernels.triton_optim")
 FAMILIES = ("norms", "activations", "softmax", "rope", "cross_entropy", "optim", "norms_warps")  # the sweep last: it uses what budget is left
 
 
@@ -160,6 +158,8 @@ def compiled_resources() -> list[dict]:
     once the driver has loaded it, registers and local memory (spills) per thread as the driver
     reports them, to set beside the ahead-of-time table (benchmarks/results/triton_aot_sm90.csv)."""
     from triton.runtime.jit import JITFunction
+
+    from tests.kernels.triton_aot import TRITON_MODULES
 
     out = []
     for module_name in TRITON_MODULES:

@@ -146,7 +146,8 @@ def test_gpu_check_lists_the_compiled_variants() -> None:
     registers and spills stay None until a driver loads the kernel (on the GPU)."""
     code = """
 from tests.kernels.triton_aot import compile_only, drive_rope, drive_softmax
-from benchmarks.gpu.kernels_check import compiled_resources, TRITON_MODULES
+from benchmarks.gpu.kernels_check import compiled_resources
+from tests.kernels.triton_aot import TRITON_MODULES
 with compile_only(90) as vs:
     drive_rope(False)
     drive_softmax(False)
