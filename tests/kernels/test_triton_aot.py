@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernels.triton_aot import SHARED_LIMIT
+from tests.kernels.triton_aot import SHARED_LIMIT, TRITON_MODULES
 
 pytest.importorskip("triton")
 
@@ -70,6 +70,8 @@ def _block(row: dict) -> int:
 def test_every_launched_kernel_compiles_for_sm90(variants) -> None:
     launched = launched_kernels()
     assert launched == set(SIZE_ARG), f"update SIZE_ARG: {sorted(launched ^ set(SIZE_ARG))}"
+    files = {f"kernels.{p.stem}" for p in (ROOT / "kernels").glob("triton_*.py")}
+    assert files == set(TRITON_MODULES), "update triton_aot.TRITON_MODULES"
     compiled = {v["kernel"] for v in variants}
     assert compiled == launched, f"never compiled: {sorted(launched - compiled)}"
     # both dtypes the drivers use reached every family
