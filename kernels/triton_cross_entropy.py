@@ -6,6 +6,11 @@ One program per row of logits [N, V] (unit stride along V), looping over V in BL
 - fused_: forward then the gradient written over the logits (the chunked linear + CE).
 Traffic per row: forward reads V elements; backward reads V and writes V; fused reads 2V and
 writes V. All math in fp32. Targets must be in [0, V) or ignore_index (not checked on the GPU).
+
+When V is not a multiple of 16 (GPT-2's 50257), rows start off 16-byte boundaries and the compiler
+can only emit scalar loads; then (PEEL, decided on the host for aligned buffers) each row's few
+elements before its boundary go first, whole tiles follow unmasked from an alignment-hinted
+pointer (128-bit loads), and the tail is masked.
 """
 from __future__ import annotations
 
@@ -16,23 +21,58 @@ from kernels.registry import triton_interpreted
 
 
 @triton.jit
-def _row_stats(x_row, V, t, eps, BLOCK: tl.constexpr):
-    """(lse, loss) of one row: online softmax over BLOCK-wide tiles."""
+def _online(x, mask, m, s, sum_x):
+    """One tile of the online softmax: the running max m, sum of exp s, and sum of x (valid lanes)."""
+    new_m = tl.maximum(m, tl.max(tl.where(mask, x, float("-inf")), axis=0))
+    finite = new_m != float("-inf")
+    alpha = tl.where(finite, tl.exp(m - new_m), 1.0)
+    e = tl.where(mask, tl.exp(x - new_m), 0.0)
+    e = tl.where(finite, e, 0.0)
+    return new_m, s * alpha + tl.sum(e, axis=0), sum_x + tl.sum(tl.where(mask, x, 0.0), axis=0)
+
+
+@triton.jit
+def _head(row_off, V, VEC: tl.constexpr):
+    """Elements before the row's first 16-byte boundary (the row starts row_off elements into a
+    16-byte-aligned buffer; VEC elements make 16 bytes)."""
+    return tl.minimum((VEC - row_off % VEC) % VEC, V)
+
+
+@triton.jit
+def _row_stats(x_row, row_off, V, t, eps, BLOCK: tl.constexpr, PEEL: tl.constexpr, VEC: tl.constexpr):
+    """(lse, loss) of one row: online softmax over BLOCK-wide tiles.
+
+    PEEL (rows not 16-byte aligned, e.g. GPT-2's 50257 columns): the few elements before the
+    row's first 16-byte boundary go first, then whole tiles from that boundary without a mask
+    (the compiler is told the alignment: 128-bit loads), then the masked tail. Without it a row
+    that is not provably aligned is read with scalar loads."""
     m = float("-inf")
     s = 0.0
     sum_x = 0.0
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < V
-        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        new_m = tl.maximum(m, tl.max(x, axis=0))
-        finite = new_m != float("-inf")
-        alpha = tl.where(finite, tl.exp(m - new_m), 1.0)
-        e = tl.where(mask, tl.exp(x - new_m), 0.0)
-        e = tl.where(finite, e, 0.0)
-        s = s * alpha + tl.sum(e, axis=0)
-        sum_x += tl.sum(tl.where(mask, x, 0.0), axis=0)
-        m = new_m
+    if PEEL:
+        head = _head(row_off, V, VEC)
+        hoffs = tl.arange(0, VEC)
+        hmask = hoffs < head
+        m, s, sum_x = _online(tl.load(x_row + hoffs, mask=hmask, other=float("-inf")).to(tl.float32), hmask,
+                              m, s, sum_x)
+        body = tl.multiple_of(x_row + head, 16)
+        n_body = V - head
+        full = (n_body // BLOCK) * BLOCK
+        every = tl.full([BLOCK], 1, tl.int1)
+        for start in range(0, full, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(body + offs).to(tl.float32)
+            m, s, sum_x = _online(x, every, m, s, sum_x)
+        offs = full + tl.arange(0, BLOCK)
+        mask = offs < n_body
+        m, s, sum_x = _online(tl.load(body + offs, mask=mask, other=float("-inf")).to(tl.float32), mask,
+                              m, s, sum_x)
+    else:
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            m, s, sum_x = _online(x, mask, m, s, sum_x)
     lse = m + tl.log(s)
     xt = tl.load(x_row + t).to(tl.float32)
     loss = lse - (1.0 - eps) * xt - eps * (sum_x / V)
@@ -41,45 +81,74 @@ def _row_stats(x_row, V, t, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def _ce_forward_kernel(x_ptr, stride_row, t_ptr, loss_ptr, lse_ptr, V, ignore_index, eps,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PEEL: tl.constexpr, VEC: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
-    lse, loss = _row_stats(x_ptr + row * stride_row, V, tl.where(ignored, 0, t), eps, BLOCK)
+    lse, loss = _row_stats(x_ptr + row * stride_row, row * stride_row, V, tl.where(ignored, 0, t), eps,
+                           BLOCK, PEEL, VEC)
     tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
 
 
 @triton.jit
-def _row_grad(x_row, out_row, V, t, lse, eps, g, ignored, BLOCK: tl.constexpr):
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < V
+def _grad_tile(x_row, out_row, offs, mask, V, t, lse, eps, g, ignored, MASKED: tl.constexpr):
+    if MASKED:
         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        grad = g * (tl.exp(x - lse) - eps / V) - tl.where(offs == t, g * (1.0 - eps), 0.0)
-        grad = tl.where(ignored, 0.0, grad)
+    else:
+        x = tl.load(x_row + offs).to(tl.float32)
+    grad = g * (tl.exp(x - lse) - eps / V) - tl.where(offs == t, g * (1.0 - eps), 0.0)
+    grad = tl.where(ignored, 0.0, grad)
+    if MASKED:
         tl.store(out_row + offs, grad, mask=mask)
+    else:
+        tl.store(out_row + offs, grad)
+
+
+@triton.jit
+def _row_grad(x_row, out_row, row_off, V, t, lse, eps, g, ignored, BLOCK: tl.constexpr, PEEL: tl.constexpr,
+              VEC: tl.constexpr):
+    """The gradient of one row. PEEL as in `_row_stats`; x and out rows share their alignment
+    (the host peels only contiguous logits whose gradient has the same layout)."""
+    if PEEL:
+        head = _head(row_off, V, VEC)
+        hoffs = tl.arange(0, VEC)
+        _grad_tile(x_row, out_row, hoffs, hoffs < head, V, t, lse, eps, g, ignored, True)
+        xb = tl.multiple_of(x_row + head, 16)
+        ob = tl.multiple_of(out_row + head, 16)
+        n_body = V - head
+        full = (n_body // BLOCK) * BLOCK
+        for start in range(0, full, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            _grad_tile(xb, ob, offs, offs < n_body, V, t - head, lse, eps, g, ignored, False)
+        offs = full + tl.arange(0, BLOCK)
+        _grad_tile(xb, ob, offs, offs < n_body, V, t - head, lse, eps, g, ignored, True)
+    else:
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            _grad_tile(x_row, out_row, offs, offs < V, V, t, lse, eps, g, ignored, True)
 
 
 @triton.jit
 def _ce_backward_kernel(x_ptr, stride_row, t_ptr, lse_ptr, g_ptr, out_ptr, V, ignore_index, eps,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PEEL: tl.constexpr, VEC: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
-    _row_grad(x_ptr + row * stride_row, out_ptr + row * V, V, t, tl.load(lse_ptr + row), eps,
-              tl.load(g_ptr + row), ignored, BLOCK)
+    _row_grad(x_ptr + row * stride_row, out_ptr + row * V, row * V, V, t, tl.load(lse_ptr + row), eps,
+              tl.load(g_ptr + row), ignored, BLOCK, PEEL, VEC)
 
 
 @triton.jit
-def _ce_fused_kernel(x_ptr, t_ptr, loss_ptr, V, ignore_index, eps, scale, BLOCK: tl.constexpr):
+def _ce_fused_kernel(x_ptr, t_ptr, loss_ptr, V, ignore_index, eps, scale, BLOCK: tl.constexpr,
+                     PEEL: tl.constexpr, VEC: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
     x_row = x_ptr + row * V
-    lse, loss = _row_stats(x_row, V, tl.where(ignored, 0, t), eps, BLOCK)
+    lse, loss = _row_stats(x_row, row * V, V, tl.where(ignored, 0, t), eps, BLOCK, PEEL, VEC)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
-    _row_grad(x_row, x_row, V, t, lse, eps, scale, ignored, BLOCK)
+    _row_grad(x_row, x_row, row * V, V, t, lse, eps, scale, ignored, BLOCK, PEEL, VEC)
 
 
 def _launch_args(v: int) -> dict:
@@ -87,16 +156,28 @@ def _launch_args(v: int) -> dict:
     return {"BLOCK": block} if triton_interpreted() else {"BLOCK": block, "num_warps": 16 if block >= 4096 else 4}
 
 
+def _peel(v: int, *tensors) -> dict:
+    """PEEL / VEC for rows of v: peel when v is not a multiple of 16 (Triton marks an int argument
+    aligned only at 16) and every buffer starts on a 16-byte boundary, so each row's boundary is
+    found from its offset alone."""
+    vec = 16 // tensors[0].element_size()
+    peel = v % 16 != 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+    return {"PEEL": peel, "VEC": vec}
+
+
 def forward(logits, target, ignore_index, eps, loss_rows, lse) -> None:
     n, v = logits.shape
     _ce_forward_kernel[(n,)](logits, logits.stride(0), target, loss_rows, lse, v, ignore_index,
-                             float(eps), **_launch_args(v))
+                             float(eps), **_launch_args(v), **_peel(v, logits))
 
 
 def backward(logits, target, lse, grad_rows, ignore_index, eps, grad) -> None:
     n, v = logits.shape
+    # The rows of grad (contiguous, stride v) share the logits rows' alignment only when the
+    # logits are contiguous too.
+    peel = _peel(v, logits, grad) if logits.stride(0) == v else {"PEEL": False, "VEC": 16 // logits.element_size()}
     _ce_backward_kernel[(n,)](logits, logits.stride(0), target, lse, grad_rows, grad, v,
-                              ignore_index, float(eps), **_launch_args(v))
+                              ignore_index, float(eps), **_launch_args(v), **peel)
 
 
 def fused_(logits, target, ignore_index, eps, scale, loss_rows) -> None:
@@ -104,5 +185,4 @@ def fused_(logits, target, ignore_index, eps, scale, loss_rows) -> None:
     if not logits.is_contiguous():
         raise ValueError("triton cross_entropy fused_: logits chunk must be contiguous")
     _ce_fused_kernel[(n,)](logits, target, loss_rows, v, ignore_index, float(eps), float(scale),
-                           **_launch_args(v))
-
+                           **_launch_args(v), **_peel(v, logits))

@@ -32,6 +32,7 @@ from kernels.cross_entropy import SPEC, cross_entropy  # noqa: E402
 from kernels.linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 
 VOCAB, HIDDEN = 32000, 768
+GPT2_VOCAB = 50257  # odd: rows start off 16-byte boundaries (the Triton kernels peel them)
 
 
 def _inputs(n: int, v: int, seed: int = 0, device: str = "cpu", dtype=torch.float32):
@@ -41,8 +42,9 @@ def _inputs(n: int, v: int, seed: int = 0, device: str = "cpu", dtype=torch.floa
     return x, t
 
 
-def _ce_cases(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.float32) -> list[dict]:
-    x, t = _inputs(n, VOCAB, device=device, dtype=dtype)
+def _ce_cases(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.float32,
+              vocab: int = VOCAB) -> list[dict]:
+    x, t = _inputs(n, vocab, device=device, dtype=dtype)
     xg = x.clone().requires_grad_()
     fns = {"naive": SPEC.reference, "aten": F.cross_entropy,
            "ours": lambda a, b: cross_entropy(a, b, provider=provider)}
@@ -56,16 +58,16 @@ def _ce_cases(n: int, device: str = "cpu", provider: str = "cpu", dtype=torch.fl
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(xg, t), xg)
 
-    shape, es, dt = f"{n}x{VOCAB}", x.element_size(), str(dtype).replace("torch.", "")
+    shape, es, dt = f"{n}x{vocab}", x.element_size(), str(dtype).replace("torch.", "")
     hp = f"; FUSIONLENS_HUGEPAGES={os.environ.get('FUSIONLENS_HUGEPAGES', '1')}"
     return [
         dict(kernel="cross_entropy", **{"pass": "fwd"}, shape=shape, dtype=dt,
              variants={k: fwd(f) for k, f in fns.items()}, baseline="naive",
-             compile=lambda: fwd(torch.compile(SPEC.reference)), bytes=float(n * VOCAB * es),
+             compile=lambda: fwd(torch.compile(SPEC.reference)), bytes=float(n * vocab * es),
              notes="bytes: logits read once" + hp),
         dict(kernel="cross_entropy", **{"pass": "fwd+bwd"}, shape=shape, dtype=dt,
              variants={k: fwd_bwd(f) for k, f in fns.items()}, baseline="naive",
-             compile=lambda: fwd_bwd(torch.compile(SPEC.reference)), bytes=float(3 * n * VOCAB * es),
+             compile=lambda: fwd_bwd(torch.compile(SPEC.reference)), bytes=float(3 * n * vocab * es),
              notes="bytes: logits read in fwd, read + grad written in bwd" + hp),
     ]
 
@@ -109,7 +111,8 @@ def cases(threads: int) -> list[dict]:
 def gpu_cases(device: str = "cuda") -> list[dict]:
     """CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider)."""
     return (_ce_cases(16384, device, "triton", torch.bfloat16)
-            + [_flce_case(8192, device, "triton", torch.bfloat16, hidden=4096)])
+            + [_flce_case(8192, device, "triton", torch.bfloat16, hidden=4096)]
+            + _ce_cases(8192, device, "triton", torch.bfloat16, vocab=GPT2_VOCAB))  # odd rows: peeled
 
 
 def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
@@ -117,8 +120,8 @@ def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
     from kernels.linear_cross_entropy import SPEC as FLCE
     from tests.kernels.numerics import check_against_reference
 
-    def ce_check(dtype):
-        x, t = _inputs(4096, VOCAB, device=device, dtype=dtype)
+    def ce_check(dtype, vocab=VOCAB):
+        x, t = _inputs(4096, vocab, device=device, dtype=dtype)
         t[::7] = -100
         check_against_reference(lambda a, b: cross_entropy(a, b, provider="triton"), SPEC.reference,
                                 [x, t], dtype)
@@ -131,6 +134,8 @@ def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
 
     return [(f"cross_entropy 4096x{VOCAB} {dt}", lambda dt=dt: ce_check(dt))
             for dt in (torch.float32, torch.bfloat16)] + \
+        [(f"cross_entropy 4096x{GPT2_VOCAB} bfloat16 (odd rows, peeled)",
+          lambda: ce_check(torch.bfloat16, GPT2_VOCAB))] + \
         [(f"fused_linear_cross_entropy 2048x{HIDDEN}->{VOCAB} bfloat16", lambda: flce_check(torch.bfloat16))]
 
 

@@ -290,6 +290,19 @@ x = make((6, 40), torch.float32, 2, layout="strided")
 check_against_reference(lambda x, t: cross_entropy(x, t, provider="triton"), SPEC.reference,
                         [x, targets(6, 40)], torch.float32)
 n += 1
+# odd vocabularies: rows peeled to their 16-byte boundary, several whole tiles (BLOCK 64 here),
+# a tail; and the same rows in a buffer that starts off a 16-byte boundary (no peeling)
+for dtype in [torch.float32, torch.bfloat16]:
+    for kw in [{}, {"label_smoothing": 0.1, "reduction": "sum"}]:
+        x = make((5, 203), dtype, 6, scale=3.0)
+        check_against_reference(lambda x, t, **k: cross_entropy(x, t, provider="triton", **k), SPEC.reference,
+                                [x, targets(5, 203)], dtype, **kw)
+        off = torch.empty(5 * 203 + 1, dtype=dtype)[1:].view(5, 203)
+        off.copy_(x)
+        assert off.data_ptr() % 16 != 0
+        check_against_reference(lambda x, t, **k: cross_entropy(x, t, provider="triton", **k), SPEC.reference,
+                                [off, targets(5, 203)], dtype, **kw)
+        n += 2
 for dtype in [torch.float32, torch.bfloat16]:
     args = [make((7, 16), dtype, 3), make((70, 16), dtype, 4, scale=0.3), targets(7, 70), make((70,), dtype, 5)]
     check_against_reference(lambda x, w, t, b: fused_linear_cross_entropy(x, w, t, b, chunk_size=3, provider="triton"),
@@ -302,8 +315,19 @@ print(n)
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
 def test_triton_cross_entropy_interpreted() -> None:
-    assert int(run_in_triton_interpreter(_TRITON_SCRIPT).strip().splitlines()[-1]) == 21
+    assert int(run_in_triton_interpreter(_TRITON_SCRIPT).strip().splitlines()[-1]) == 29
 
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_rows_are_peeled_only_when_aligned_buffers_have_odd_rows() -> None:
+    from kernels.triton_cross_entropy import _peel
+
+    a, b = torch.empty(5, 50257, dtype=torch.bfloat16), torch.empty(5, 32000)
+    assert _peel(50257, a) == {"PEEL": True, "VEC": 8}
+    assert _peel(32000, b) == {"PEEL": False, "VEC": 4}  # every row already on a boundary
+    shifted = torch.empty(5 * 50257 + 1, dtype=torch.bfloat16)[1:].view(5, 50257)
+    assert _peel(50257, shifted)["PEEL"] is False and _peel(50257, a, shifted)["PEEL"] is False
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")

@@ -108,6 +108,10 @@ def test_vector_loads_at_aligned_sizes(variants) -> None:
     for name in SIZE_ARG:
         widest = max(int(v["widest_load_bits"]) for v in variants if v["kernel"] == name)
         assert widest == 128, f"{name} never issues a 128-bit load"
+    # cross-entropy peels odd rows (GPT-2's 50257 columns) to their 16-byte boundary: 128-bit too
+    odd = [v for v in variants if v["kernel"].startswith("triton_cross_entropy.") and "PEEL=True" in v["constexprs"]]
+    assert {v["kernel"] for v in odd} == {k for k in SIZE_ARG if k.startswith("triton_cross_entropy.")}
+    assert all(int(v["widest_load_bits"]) == 128 for v in odd), odd
 
 
 def test_load_widths_parser() -> None:

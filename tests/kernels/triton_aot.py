@@ -298,9 +298,11 @@ def drive_cross_entropy(full: bool) -> None:
             _fwd_bwd(lambda: kernels.cross_entropy(logits, target, provider="triton"), [logits])
             with torch.no_grad():
                 kernels.cross_entropy(logits, target, provider="triton")
-        x, w = _t((64, 768), dtype), _t((32000, 768), dtype)
-        target = torch.randint(0, 32000, (64,))
-        _fwd_bwd(lambda: kernels.fused_linear_cross_entropy(x, w, target, chunk_size=32, provider="triton"), [x, w])
+        for v, hidden in ((32000, 768), (50257, 64)):  # an aligned vocabulary and GPT-2's odd one
+            x, w = _t((64, hidden), dtype), _t((v, hidden), dtype)
+            target = torch.randint(0, v, (64,))
+            _fwd_bwd(lambda: kernels.fused_linear_cross_entropy(x, w, target, chunk_size=32, provider="triton"),
+                     [x, w])
 
 
 def drive_optim(full: bool) -> None:
