@@ -27,7 +27,7 @@ def _block(n: int, backward: bool = False) -> tuple[int, int]:
 
     The backward holds five row-long fp32 values a thread (x, dy, w, two weight-grad sums): at
     BLOCK 16384 with 16 warps sm_90 spills 1.7-2.0 KB a thread inside the row loop, with 32 warps
-    120-320 bytes (compiled ahead of time, tests/kernels/triton_aot.py), so it takes 32 there.
+    120-476 bytes (compiled ahead of time, tests/kernels/triton_aot.py), so it takes 32 there.
     Below that nothing aligned spills; which warp count runs fastest is measured by the GPU
     check's sweep (benchmarks/kernels/norms_warps.py).
     """

@@ -3,7 +3,7 @@
 Compiled ahead of time for sm_90 (tests/kernels/triton_aot.py), the norm backward at BLOCK 8192
 takes 216-251 registers a thread with the heuristic's 8 warps (occupancy 8 warps/SM, no spills),
 128 with 16 warps (a 60-byte spill for add_layer_norm) and ~58 with 32; at BLOCK 4096 it takes
-111-151 with 8; at BLOCK 16384 every count spills (32 warps least, 120-320 bytes, the
+111-151 with 8; at BLOCK 16384 every count spills (32 warps least, 120-476 bytes, the
 heuristic's choice). Which runs fastest on an H200 is a measurement, not a register count: this sweep
 times the launchers alone (preallocated outputs, bf16) at each warp count against the heuristic
 ("ours"), so one GPU run can settle `kernels/triton_norms._block`.
