@@ -10,8 +10,11 @@ of the partials (fp64 cumulative sums), stage 2 (recompute the update, apply lr 
 Aligned fast path: when every data pointer of the bucket is 16-byte aligned (ALIGNED=True), a chunk
 that lies wholly inside its tensor loads and stores without a mask through pointers hinted as
 16-byte aligned, so the compiler emits 128-bit accesses; only a tensor's tail chunk is masked.
-ALIGNED=False is the masked path for any alignment. Both compute the same fp32 math in the same
-order, so results are bit-identical between paths.
+With ALIGNED=False the choice is made per tensor: the pointer table's sixth column says whether
+all of that tensor's pointers are aligned (a bucket with one odd view, e.g. DDP's gradient bucket
+views after a 3-element bias, keeps the fast path for the others), and the rest take the masked
+path, correct for any alignment. All paths compute the same fp32 math in the same order, so
+results are bit-identical between them.
 
 Tables are cached across steps (bounded LRU, keyed on exactly what they hold: the chunk table on
 the numels, the pointer table and the ALIGNED flag on every list's data pointers, both with the
@@ -34,6 +37,7 @@ import triton.language as tl
 
 BLOCK = 1024  # elements per program
 ALIGN_BYTES = 16  # one 128-bit access
+SLOTS = 6  # pointer-table columns: param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, all-aligned flag
 CACHE_ENTRIES = 8  # per table kind: buckets (dtype x param group) a training loop cycles through
 
 _DT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -51,11 +55,18 @@ def _chunk(chunk_t, chunk_s, numels, BLOCK: tl.constexpr):
 @triton.jit
 def _slot(ptrs, i, k: tl.constexpr, DT: tl.constexpr, ALIGNED: tl.constexpr):
     """Tensor i's k-th data pointer (0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq),
-    hinted 16-byte aligned when the host checked that every pointer of the bucket is."""
-    ptr = tl.load(ptrs + i * 5 + k).to(tl.pointer_type(DT))
+    hinted 16-byte aligned when the host checked that it is. Rows of the table are SLOTS wide."""
+    ptr = tl.load(ptrs + i * 6 + k).to(tl.pointer_type(DT))
     if ALIGNED:
         ptr = tl.multiple_of(ptr, 16)
     return ptr
+
+
+@triton.jit
+def _fast(ptrs, i, start, numel, BLOCK: tl.constexpr):
+    """Whether this chunk takes the unmasked, alignment-hinted path on a mixed bucket: a whole
+    chunk of a tensor whose pointers are all aligned (the table's sixth column)."""
+    return (tl.load(ptrs + i * 6 + 5) != 0) & (start + BLOCK <= numel)
 
 
 @triton.jit
@@ -120,6 +131,9 @@ def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, scal, decay, w1, beta2, w2, ep
         else:
             _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW, AMSGRAD,
                         MAXIMIZE, DT, True, True)
+    elif _fast(ptrs, i, start, numel, BLOCK):  # a mixed bucket: this tensor is aligned
+        _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW, AMSGRAD,
+                    MAXIMIZE, DT, True, False)
     else:
         _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW, AMSGRAD,
                     MAXIMIZE, DT, False, True)
@@ -161,6 +175,9 @@ def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, scal, part_p, part_u, b1, b2, w
         else:
             _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
                         l2, dec, DT, True, True)
+    elif _fast(ptrs, i, start, numel, BLOCK):
+        _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
+                    l2, dec, DT, True, False)
     else:
         _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
                     l2, dec, DT, False, True)
@@ -190,6 +207,8 @@ def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, scal, step_lr, eps, dec,
             _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False)
         else:
             _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, True)
+    elif _fast(ptrs, i, start, numel, BLOCK):
+        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False)
     else:
         _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, False, True)
 
@@ -276,9 +295,15 @@ def all_aligned(columns: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES
     return all(ptr % align_bytes == 0 for col in columns for ptr in col)
 
 
+def aligned_rows(columns: tuple[tuple[int, ...], ...], align_bytes: int = ALIGN_BYTES) -> tuple[int, ...]:
+    """Per tensor, 1 if all its data pointers are multiples of align_bytes, else 0."""
+    return tuple(int(all(p % align_bytes == 0 for p in ptrs)) for ptrs in zip(*columns))
+
+
 def _pointer_table(columns: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, bool]:
-    """([n_tensors, 5] int64 pointer table on device, ALIGNED)."""
-    table = torch.tensor(columns, dtype=torch.int64).reshape(5, -1).t().contiguous()
+    """([n_tensors, SLOTS] int64 table on device: the 5 data pointers and the aligned flag; ALIGNED)."""
+    rows = columns + (aligned_rows(columns),)
+    table = torch.tensor(rows, dtype=torch.int64).reshape(SLOTS, -1).t().contiguous()
     return _to_device(table, device), all_aligned(columns)
 
 

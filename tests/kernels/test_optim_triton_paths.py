@@ -1,14 +1,16 @@
-"""The Triton optimizers' two code paths and their table caches (kernels/triton_optim.py).
+"""The Triton optimizers' code paths and their table caches (kernels/triton_optim.py).
 
 - the alignment decision (a pure helper) on aligned tensors, a view at element offset 1 of a flat
   buffer, and absent lists;
-- interpreted: the ALIGNED path (unmasked whole chunks, masked tail) and the masked path (a
-  misaligned parameter) both match torch.optim.AdamW / the fp32 LAMB reference over several steps,
-  at numels that are exact multiples of BLOCK and ones with a tail, and agree bit for bit;
+- interpreted: the ALIGNED path (unmasked whole chunks, masked tail), the masked path (every
+  parameter misaligned) and a mixed bucket (one misaligned parameter: the kernel decides per
+  tensor from the pointer table's flag column) all match torch.optim.AdamW / the fp32 LAMB
+  reference over several steps, at numels that are exact multiples of BLOCK and ones with a tail,
+  and agree bit for bit;
 - the chunk/pointer table caches: contents recomputed in plain Python, a hit on step 2, a pointer
-  miss (chunk hit) when a parameter is replaced by a new tensor, the LRU bound;
+  miss (chunk hit) when a parameter is replaced by a new tensor, the LRU bound, the flag column;
 - compiled for sm_90 on this GPU-less machine (tests/kernels/triton_aot.py): every optimizer
-  variant the public API launches issues 128-bit loads, without spills; the masked path compiles.
+  variant the public API launches issues 128-bit loads, without spills, mixed buckets included.
 """
 from __future__ import annotations
 
@@ -37,6 +39,19 @@ def offset1(p: torch.Tensor) -> nn.Parameter:
     flat = torch.zeros(p.numel() + 1, dtype=p.dtype, device=p.device)
     flat[1:].copy_(p.detach().flatten())
     return nn.Parameter(flat[1:].view(p.shape))
+
+
+def only_first_nonempty(layout):
+    """A param_layout for tests.kernels.test_optim.run that changes only the first non-empty
+    parameter (an empty one has no chunk, so its alignment never matters)."""
+    done: list[bool] = []
+
+    def apply(p):
+        if done or p.numel() == 0:
+            return p
+        done.append(True)
+        return layout(p)
+    return apply
 
 
 class LaunchSpy:
@@ -97,7 +112,8 @@ def test_tables_content_hits_misses_and_bound() -> None:
     assert tab.chunk_t.tolist() == t_idx and tab.chunk_s.tolist() == starts
     assert tab.numels.tolist() == numels
     assert tab.first.tolist() == first and tab.end.tolist() == [x + 1 for x in last]
-    assert ptrs.tolist() == [[lst[i].data_ptr() if lst else 0 for lst in lists] for i in range(len(ps))]
+    assert ptrs.tolist() == [[lst[i].data_ptr() if lst else 0 for lst in lists] + [1] for i in range(len(ps))]
+    assert to.SLOTS == 6 and ptrs.shape == (len(ps), to.SLOTS)
     assert aligned and (to.CHUNK_TABLES.misses, to.POINTER_TABLES.misses) == (1, 1)
 
     again = to.tables(lists, cpu)  # the next step: same tensors, no rebuild
@@ -117,7 +133,9 @@ def test_tables_content_hits_misses_and_bound() -> None:
     to.tables(lists, cpu)
     assert to.CHUNK_TABLES.misses == misses + 1  # evicted
     lists[3] = lists[3][:3] + [torch.zeros(numels[3] + 1)[1:]] + lists[3][4:]
-    assert not to.tables(lists, cpu)[2]  # one misaligned moment: the whole bucket is masked
+    _, mixed_ptrs, mixed_aligned = to.tables(lists, cpu)
+    assert not mixed_aligned  # one misaligned moment: the bucket decides per tensor ...
+    assert mixed_ptrs[:, 5].tolist() == [1, 1, 1, 0, 1, 1]  # ... and only tensor 3 is masked
     with pytest.raises(ValueError, match="at least one"):
         to.TableCache(0)
 
@@ -146,9 +164,13 @@ def check_paths(device: str, shapes: tuple, steps: int) -> int:
         took = set(launches)
         launches.clear()
         shifted = run(make, p0, seq, dtype, offset1)
-        assert took == {True} and set(launches) == {False}, (took, launches)
-        for a, b, name in zip(aligned, shifted, names):  # same fp32 math, same order
+        took_shifted = set(launches)
+        launches.clear()
+        mixed = run(make, p0, seq, dtype, only_first_nonempty(offset1))  # per-tensor choice inside the kernel
+        assert took == {True} and took_shifted == set(launches) == {False}, (took, took_shifted, launches)
+        for a, b, c, name in zip(aligned, shifted, mixed, names):  # same fp32 math, same order
             assert torch.equal(a, b), f"{name}: the aligned and masked paths differ"
+            assert torch.equal(a, c), f"{name}: the mixed bucket differs"
         return aligned
 
     def scale(t):
@@ -306,6 +328,6 @@ def test_sm90_masked_path_and_amsgrad_compile_without_spills() -> None:
     assert seen == {(k, bf) for k in ("_adamw_kernel", "_lamb_stage1", "_lamb_stage2") for bf in (False, True)}
     assert all("AMSGRAD=True" in c and "MAXIMIZE=True" in c for k, c, *_ in rows if k == "_adamw_kernel")
     for kernel, consts, regs, spills, widest in rows:
-        assert "ALIGNED=False" in consts, (kernel, consts)  # one misaligned param: whole bucket masked
+        assert "ALIGNED=False" in consts, (kernel, consts)  # one misaligned param: a mixed bucket
         assert int(spills) == 0, (kernel, consts, regs)
-        assert int(widest) < 128, (kernel, consts, widest)  # no vector loads without the alignment
+        assert int(widest) == 128, (kernel, consts, widest)  # the aligned tensors keep 128-bit loads
