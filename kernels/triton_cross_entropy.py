@@ -156,12 +156,12 @@ def _launch_args(v: int) -> dict:
     return {"BLOCK": block} if triton_interpreted() else {"BLOCK": block, "num_warps": 16 if block >= 4096 else 4}
 
 
-def _peel(v: int, *tensors) -> dict:
+def _peel(v: int, *tensors, rows_match: bool = True) -> dict:
     """PEEL / VEC for rows of v: peel when v is not a multiple of 16 (Triton marks an int argument
-    aligned only at 16) and every buffer starts on a 16-byte boundary, so each row's boundary is
-    found from its offset alone."""
+    aligned only at 16), every buffer starts on a 16-byte boundary, and the buffers' rows share
+    their offsets (rows_match), so each row's boundary is found from its offset alone."""
     vec = 16 // tensors[0].element_size()
-    peel = v % 16 != 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+    peel = rows_match and v % 16 != 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
     return {"PEEL": peel, "VEC": vec}
 
 
@@ -173,11 +173,11 @@ def forward(logits, target, ignore_index, eps, loss_rows, lse) -> None:
 
 def backward(logits, target, lse, grad_rows, ignore_index, eps, grad) -> None:
     n, v = logits.shape
-    # The rows of grad (contiguous, stride v) share the logits rows' alignment only when the
-    # logits are contiguous too.
-    peel = _peel(v, logits, grad) if logits.stride(0) == v else {"PEEL": False, "VEC": 16 // logits.element_size()}
+    # The rows of grad (contiguous, stride v) share the logits rows' offsets only when the logits
+    # are contiguous too.
     _ce_backward_kernel[(n,)](logits, logits.stride(0), target, lse, grad_rows, grad, v,
-                              ignore_index, float(eps), **_launch_args(v), **peel)
+                              ignore_index, float(eps), **_launch_args(v),
+                              **_peel(v, logits, grad, rows_match=logits.stride(0) == v))
 
 
 def fused_(logits, target, ignore_index, eps, scale, loss_rows) -> None:

@@ -289,22 +289,22 @@ def pointer_columns(lists: Sequence[Sequence[torch.Tensor]]) -> tuple[tuple[int,
     return cols + ((0,) * n,) * (5 - len(cols))
 
 
-def all_aligned(columns: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
-    """True if every data pointer is a multiple of align_bytes (0 = absent list counts as aligned),
-    the condition for the kernels' unmasked 128-bit path."""
-    return all(ptr % align_bytes == 0 for col in columns for ptr in col)
-
-
-def aligned_rows(columns: tuple[tuple[int, ...], ...], align_bytes: int = ALIGN_BYTES) -> tuple[int, ...]:
-    """Per tensor, 1 if all its data pointers are multiples of align_bytes, else 0."""
+def aligned_rows(columns: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> tuple[int, ...]:
+    """Per tensor, 1 if all its data pointers are multiples of align_bytes (0 = absent list counts
+    as aligned), else 0: whether its whole chunks may take the unmasked 128-bit path."""
     return tuple(int(all(p % align_bytes == 0 for p in ptrs)) for ptrs in zip(*columns))
+
+
+def all_aligned(columns: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES) -> bool:
+    """True if every tensor's pointers are aligned: the kernels' ALIGNED (no per-tensor check)."""
+    return all(aligned_rows(columns, align_bytes))
 
 
 def _pointer_table(columns: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, bool]:
     """([n_tensors, SLOTS] int64 table on device: the 5 data pointers and the aligned flag; ALIGNED)."""
-    rows = columns + (aligned_rows(columns),)
-    table = torch.tensor(rows, dtype=torch.int64).reshape(SLOTS, -1).t().contiguous()
-    return _to_device(table, device), all_aligned(columns)
+    flags = aligned_rows(columns)
+    table = torch.tensor(columns + (flags,), dtype=torch.int64).reshape(SLOTS, -1).t().contiguous()
+    return _to_device(table, device), all(flags)
 
 
 def _stream(device: torch.device) -> int:
@@ -314,7 +314,7 @@ def _stream(device: torch.device) -> int:
 
 def tables(lists: Sequence[Sequence[torch.Tensor]], device: torch.device
            ) -> tuple[ChunkTable, torch.Tensor, bool]:
-    """(chunk table, [n, 5] int64 pointer table, ALIGNED) for a bucket, from the caches."""
+    """(chunk table, [n, SLOTS] int64 pointer table, ALIGNED) for a bucket, from the caches."""
     numels = tuple([t.numel() for t in lists[0]])
     cols = pointer_columns(lists)
     where = (device, _stream(device))
