@@ -159,7 +159,7 @@ def compiled_resources() -> list[dict]:
     reports them, to set beside the ahead-of-time table (benchmarks/results/triton_aot_sm90.csv)."""
     from triton.runtime.jit import JITFunction
 
-    from tests.kernels.triton_aot import TRITON_MODULES
+    from tests.kernels.triton_aot import TRITON_MODULES, describe
 
     out = []
     for module_name in TRITON_MODULES:
@@ -167,12 +167,10 @@ def compiled_resources() -> list[dict]:
         for fn in (vars(module).values() if module else ()):
             if not isinstance(fn, JITFunction):
                 continue
-            names = [p.name for p in fn.params]
             for cache, *_ in list(fn.device_caches.values()):
                 for k in list(cache.values()):
-                    consts = getattr(getattr(k, "src", None), "constants", {}) or {}
-                    desc = " ".join(f"{names[p[0]] if isinstance(p, tuple) and len(p) == 1 else p}={v}"
-                                    for p, v in sorted(consts.items(), key=str))
+                    src = getattr(k, "src", None)
+                    desc = describe(src.signature, src.constants, src.attrs, fn.params)[0] if src else ""
                     meta = getattr(k, "metadata", None)
                     out.append({"kernel": f"{module_name.rsplit('.', 1)[-1]}.{fn.__name__}", "constexprs": desc,
                                 "num_warps": getattr(meta, "num_warps", None), "shared": getattr(meta, "shared", None),

@@ -134,7 +134,8 @@ def load_widths(ptx: str) -> dict[int, int]:
     return widths
 
 
-def _describe(signature: dict, constexprs: dict, attrs: dict, params: list) -> tuple[str, str]:
+def describe(signature: dict, constexprs: dict, attrs: dict, params: list) -> tuple[str, str]:
+    """(constexprs as "NAME=value ...", signature as "ARG:type[/16] ...") of one specialization."""
     names = [p.name for p in params]
     consts = []
     for path, value in sorted(constexprs.items()):
@@ -179,7 +180,7 @@ def compile_only(capability: int = 90) -> Iterator[list[Variant]]:
         t0 = time.perf_counter()
         kernel = original_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         elapsed = time.perf_counter() - t0
-        consts, sig = _describe(signature, constexprs, attrs, self.params)
+        consts, sig = describe(signature, constexprs, attrs, self.params)
         name = f"{self.module.rsplit('.', 1)[-1]}.{self.fn.__name__}"  # triton_softmax._fwd_kernel
         tag = (name, consts, sig, options.num_warps)
         if tag not in seen:
