@@ -30,6 +30,7 @@ from kernels.norm_function import apply_norm
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, register_kernel
 
 _CASTINGS = ("llama", "gemma")
+_LOW = (torch.float16, torch.bfloat16)
 
 
 # ---------------------------------------------------------------- references (the truth for tests)
@@ -99,36 +100,66 @@ def _add_ln(provider):
 
 def _rms(provider):
     def run(x, weight=None, eps=1e-6, offset=0.0, casting=None):
-        return apply_norm(provider, "rms", x, None, weight, None, eps, offset, _casting(offset, casting) == "llama")
+        return _rms_run(provider, x, None, weight, eps, offset, casting)
     return run
 
 
 def _add_rms(provider):
     def run(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
-        return apply_norm(provider, "rms", x, residual, weight, None, eps, offset,
-                          _casting(offset, casting) == "llama")
+        return _rms_run(provider, x, residual, weight, eps, offset, casting)
     return run
 
 
+def _rms_run(provider, x, residual, weight, eps, offset, casting):
+    """RMSNorm (+ residual) by a fused provider. Llama casting with an fp32 weight on a bf16/fp16
+    x promotes, as eager does: `(offset + weight) * normed` is fp32, so the kernel writes `normed`
+    in x's dtype and the weight multiply stays an eager op (autograd differentiates it)."""
+    llama = _casting(offset, casting) == "llama"
+    if not (llama and weight is not None and weight.dtype != x.dtype):
+        return apply_norm(provider, "rms", x, residual, weight, None, eps, offset, llama)
+    out = apply_norm(provider, "rms", x, residual, None, None, eps, 0.0, True)
+    if residual is None:
+        return (offset + weight) * out
+    return out[0], (offset + weight) * out[1]
+
+
 # ---------------------------------------------------------------- support checks and costs
-def _same_dtypes(*tensors: Any, **_: Any) -> str | None:
-    """The fused kernels keep one dtype: every tensor argument must share x's dtype and shape tail."""
-    ts = [t for t in tensors if isinstance(t, torch.Tensor)]
-    x = ts[0]
+def _fit(x: torch.Tensor, residual: Any, params: tuple) -> str | None:
+    """Why the fused kernels cannot take these tensors (None: they can). The residual shares x's
+    dtype and shape; weight and bias are [N] in x's dtype or, below fp32, float32 (mixed
+    precision, as CPU autocast and fp32 master weights leave a norm: the kernels read parameters
+    in fp32 anyway)."""
     if x.dim() == 0:
         return "input must have at least one dimension"
-    for t in ts[1:]:
-        if t.dtype != x.dtype:
-            return f"mixed dtypes ({x.dtype} input, {t.dtype} parameter or residual): reference handles promotion"
-        if t.device != x.device:
-            return f"tensors on different devices ({x.device}, {t.device})"
     n = x.shape[-1]
-    for t in ts[1:]:
-        if t.dim() == 1 and t.shape[0] != n:
-            return f"parameter of size {t.shape[0]} does not match the last dim {n}"
-        if t.dim() > 1 and t.shape != x.shape:
-            return f"residual shape {tuple(t.shape)} != input shape {tuple(x.shape)}"
+    if isinstance(residual, torch.Tensor) and (residual.dtype != x.dtype or residual.shape != x.shape):
+        return (f"residual {tuple(residual.shape)} {residual.dtype} does not match input {tuple(x.shape)} "
+                f"{x.dtype}: reference handles promotion and broadcasting")
+    for t in (residual, *params):
+        if isinstance(t, torch.Tensor) and t.device != x.device:
+            return f"tensors on different devices ({x.device}, {t.device})"
+    for t in params:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.dtype != x.dtype and not (t.dtype == torch.float32 and x.dtype in _LOW):
+            return f"mixed dtypes ({x.dtype} input, {t.dtype} parameter): reference handles promotion"
+        if t.dim() != 1 or t.shape[0] != n:
+            return f"parameter of shape {tuple(t.shape)} does not match the last dim {n}"
     return None
+
+
+def _norm_fits(x, weight=None, bias=None, *_: Any, **__: Any) -> str | None:
+    return _fit(x, None, (weight, bias))
+
+
+def _add_norm_fits(x, residual, weight=None, bias=None, *_: Any, **__: Any) -> str | None:
+    return _fit(x, residual, (weight, bias))
+
+
+def _aten_same_dtypes(x, *args, **kwargs) -> str | None:
+    """F.layer_norm takes fp32 parameters with a bf16/fp16 input on CPU only."""
+    mixed = any(isinstance(t, torch.Tensor) and t.dtype != x.dtype for t in args)
+    return "mixed parameter dtypes: F.layer_norm takes them on CPU only" if mixed and x.device.type != "cpu" else None
 
 
 def _triton_fits(x, *args, **kwargs) -> str | None:
@@ -210,13 +241,14 @@ def _aten_rms(x, weight=None, eps=1e-6, offset=0.0, casting=None):
     return F.rms_norm(x, (x.shape[-1],), None if weight is None else offset + weight, eps)
 
 
-_SUPPORTS = Supports(check=_same_dtypes)
+_SUPPORTS = Supports(check=_norm_fits)
+_ADD_SUPPORTS = Supports(check=_add_norm_fits)
 
 LAYER_NORM = register_kernel(KernelSpec(
     "layer_norm", layer_norm_reference,
     {"cpu": _ln("cpu"), "triton": _ln("triton"), "aten": _aten_ln},
     _SUPPORTS, _ln_cost, "LayerNorm over the last dim, optional weight and bias",
-    provider_checks={"triton": _triton_fits}))
+    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes}))
 RMS_NORM = register_kernel(KernelSpec(
     "rms_norm", rms_norm_reference,
     {"cpu": _rms("cpu"), "triton": _rms("triton"), "aten": _aten_rms},
@@ -225,12 +257,12 @@ RMS_NORM = register_kernel(KernelSpec(
 ADD_LAYER_NORM = register_kernel(KernelSpec(
     "add_layer_norm", add_layer_norm_reference,
     {"cpu": _add_ln("cpu"), "triton": _add_ln("triton"), "aten": _aten_add_ln},
-    _SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)",
-    provider_checks={"triton": _triton_fits}))
+    _ADD_SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)",
+    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes}))
 ADD_RMS_NORM = register_kernel(KernelSpec(
     "add_rms_norm", add_rms_norm_reference,
     {"cpu": _add_rms("cpu"), "triton": _add_rms("triton")},
-    _SUPPORTS, _add_rms_cost, "residual add + RMSNorm, returns (sum, normed)",
+    _ADD_SUPPORTS, _add_rms_cost, "residual add + RMSNorm, returns (sum, normed)",
     provider_checks={"triton": _triton_fits}))
 
 

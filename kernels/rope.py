@@ -10,7 +10,9 @@ Layout:
   usual `proj(x).view(B, S, H, D).transpose(1, 2)` costs no copy. Outputs are contiguous.
 - cos, sin: [seq, head_dim] (shared by the batch), [batch, seq, head_dim] (what HF's rotary
   module returns; unsqueezed on the head dim, as HF's unsqueeze_dim=1 does), or already
-  [batch or 1, 1, seq, head_dim]; same dtype as q. They are not learned: no gradient flows to them.
+  [batch or 1, 1, seq, head_dim]. They are not learned: no gradient flows to them. Dtypes promote
+  as in eager: fp32 tables with a bf16/fp16 q give fp32 outputs (q is converted first, so the
+  kernel runs in fp32; a single pass still replaces eager's five).
 
 Backward applies the transposed rotation to the incoming gradient:
 grad_x1 = g1 * cos1 + g2 * sin2, grad_x2 = g2 * cos2 - g1 * sin1.
@@ -92,9 +94,18 @@ class _RopeFn(torch.autograd.Function):
         return None, gq, gk, None, None
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _out_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.dtype:
+    """The dtype eager gives `x * cos + rotate_half(x) * sin`: fp32 tables promote a bf16 x."""
+    return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+
+
 def _provider(name: str):
     def run(q, k, cos, sin):
         ops = _ops(name)
+        q, k = (t if t.dtype == _out_dtype(t, cos, sin) else t.to(_out_dtype(t, cos, sin)) for t in (q, k))
         cos32, sin32 = _table(cos), _table(sin)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return _RopeFn.apply(ops, q, k, cos32, sin32)
@@ -112,8 +123,9 @@ def _check(q, k, cos, sin) -> str | None:
         return f"k {tuple(k.shape)} does not match q {tuple(q.shape)} outside the head dim"
     if d % 2:
         return f"head_dim {d} is odd: rotate-half needs two equal halves"
-    if k.dtype != q.dtype or cos.dtype != q.dtype or sin.dtype != q.dtype:
-        return f"mixed dtypes (q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}): the reference promotes"
+    for t in (q, k, cos, sin):
+        if t.dtype not in _DTYPES or _out_dtype(t, cos, sin) not in _DTYPES:
+            return f"dtypes q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}: only the reference runs float64"
     if cos.requires_grad or sin.requires_grad:
         return "cos/sin require grad: only the reference differentiates them"
     if cos.shape != sin.shape:

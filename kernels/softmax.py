@@ -5,9 +5,11 @@ with causal positions filled with -inf first (the attention-probability pattern 
 `scores * scale + mask`, `masked_fill(triu, -inf)`, `softmax`). Module: `Softmax`.
 
 Semantics (those of `softmax_reference`, the truth for tests):
-- `mask`: an additive floating mask of x's dtype broadcastable to x (e.g. [B, 1, 1, S_k] padding,
-  [S_q, S_k]); it is read through its broadcast strides, never materialised. Boolean masks are
-  rejected with a message (turn keep-masks into 0 / -inf with `torch.where`).
+- `mask`: an additive floating mask broadcastable to x (e.g. [B, 1, 1, S_k] padding, [S_q, S_k]);
+  it is read through its broadcast strides, never materialised. Dtypes promote as in eager: an
+  fp32 mask on bf16 scores gives fp32 probabilities (x is converted first and the kernel runs in
+  fp32). Boolean masks are rejected with a message (turn keep-masks into 0 / -inf with
+  `torch.where`).
 - `causal`: over the last two dims, query i sees keys j <= i + (S_k - S_q) (aligned to the end,
   as in KV-cache decoding); needs dim = -1. A 1-D x is one query row.
 - A row whose every logit is -inf (fully masked) gives NaN, like eager's softmax; NaN or +Inf in a
@@ -108,6 +110,9 @@ def _run(provider: str, x: torch.Tensor, dim: int = -1, scale: float = 1.0,
 
 def _provider(name: str):
     def run(x, dim=-1, scale=1.0, mask=None, causal=False):
+        if mask is not None and mask.dtype != x.dtype:  # eager promotes x * scale + mask: run in that dtype
+            dt = torch.promote_types(x.dtype, mask.dtype)
+            x, mask = x.to(dt), mask.to(dt)
         return _run(name, x, dim, scale, mask, causal)
     run.__name__ = f"{name}_softmax"
     return run
@@ -118,12 +123,15 @@ def _aten(x, dim=-1, scale=1.0, mask=None, causal=False):
 
 
 # ---------------------------------------------------------------- support checks and costs
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _check(x, dim=-1, scale=1.0, mask=None, causal=False) -> str | None:
     if x.dim() == 0:
         return "softmax of a 0-d tensor"
     if mask is not None:
-        if mask.dtype != x.dtype:
-            return f"mask dtype {mask.dtype} != x dtype {x.dtype}: the reference handles promotion"
+        if torch.promote_types(mask.dtype, x.dtype) not in _DTYPES:
+            return f"mask dtype {mask.dtype} with x {x.dtype} promotes to float64: only the reference runs it"
         if mask.device != x.device:
             return f"mask on {mask.device}, x on {x.device}"
         try:

@@ -7,7 +7,8 @@ naive (the eager reference composition, which is what HF-style code runs), aten 
 F.rms_norm), ours (provider="cpu"), ours_prealloc (the same C++ ops called directly with outputs
 allocated once: the kernel's own speed, without Python dispatch and without first-touch page
 faults of fresh outputs) and torch.compile of the reference (added by the driver).
-FL_BENCH_QUICK=1 uses 1024 x 768 only. `gpu_cases` / `gpu_checks` serve the GPU check (Triton
+FL_BENCH_QUICK=1 uses 1024 x 768 only. FL_BENCH_PARAM_DTYPE=float32 keeps weight and bias in fp32
+with a bf16/fp16 x (mixed precision; the dtype column reads e.g. "bfloat16/float32 params"). `gpu_cases` / `gpu_checks` serve the GPU check (Triton
 provider at 16384 x 4096, plus Liger-Kernel and apex when importable).
 """
 from __future__ import annotations
@@ -24,12 +25,14 @@ from kernels.registry import KERNELS
 
 
 @lru_cache(maxsize=4)
-def _tensors(m: int, n: int, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Inputs shared by every case of one shape/dtype: x, residual, upstream grad, weight, bias."""
+def _tensors(m: int, n: int, dtype: torch.dtype, device: str = "cpu",
+             param_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Inputs shared by every case of one shape/dtype: x, residual, upstream grad, weight, bias
+    (the parameters in param_dtype, default dtype)."""
     g = torch.Generator().manual_seed(0)
     t = {k: torch.randn(m, n, generator=g).to(device=device, dtype=dtype) for k in ("x", "r", "dy")}
-    t["w"] = (1 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
-    t["b"] = (0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
+    t["w"] = (1 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=param_dtype or dtype)
+    t["b"] = (0.1 * torch.randn(n, generator=g)).to(device=device, dtype=param_dtype or dtype)
     return t
 
 
@@ -150,9 +153,10 @@ def _step(fn, args: list, eps: float, backward: bool, dy: torch.Tensor):
 
 
 def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool, device: str = "cpu",
-          provider: str = "cpu") -> dict:
+          provider: str = "cpu", param_dtype: torch.dtype | None = None) -> dict:
     naive, aten, ours, names, eps = _fns(kernel, n, provider)
-    t = _tensors(m, n, dtype, device)
+    mixed = param_dtype not in (None, dtype)
+    t = _tensors(m, n, dtype, device, param_dtype if mixed else None)
     args = [t[k].detach().clone().requires_grad_(backward) for k in names]
     cost = KERNELS[kernel].cost(*args, eps)
     e, size = m * n, t["x"].element_size()
@@ -161,11 +165,13 @@ def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool, devic
     bytes_moved = cost.bytes_fused + ((2 + n_in) * e * size if backward else 0)
     fns = {"naive": naive, "aten": aten, **(_third_party(kernel, n) if device == "cuda" else {}), "ours": ours}
     variants = {name: _step(fn, args, eps, backward, t["dy"]) for name, fn in fns.items()}
-    if device == "cpu" and provider == "cpu":
+    if device == "cpu" and provider == "cpu" and not (mixed and "rms" in kernel):  # mixed llama: two ops
         variants["ours_prealloc"] = _prealloc(kernel, t, eps, backward)
+    name = str(dtype).replace("torch.", "")
     return {
         "kernel": kernel, "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
-        "dtype": str(dtype).replace("torch.", ""), "variants": variants,
+        "dtype": f"{name}/{str(param_dtype).replace('torch.', '')} params" if mixed else name,
+        "variants": variants,
         "compile": lambda: _step(torch.compile(naive), args, eps, backward, t["dy"]),
         "baseline": "naive", "bytes": float(bytes_moved),
         "notes": f"bytes_fused={cost.bytes_fused:.0f}; bytes_unfused={cost.bytes_unfused:.0f}",
@@ -177,8 +183,10 @@ def cases(threads: int) -> list[dict]:
     shapes = [(1024, 768)] if quick else [(4096, 768), (4096, 4096)]
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
     kernel_names = os.environ.get("FL_BENCH_NORMS", "layer_norm,rms_norm,add_rms_norm").split(",")
-    return [_case(k, m, n, dt, bwd) for k in kernel_names for (m, n) in shapes for dt in dtypes
-            for bwd in (False, True)]
+    pdt = os.environ.get("FL_BENCH_PARAM_DTYPE")
+    param_dtype = getattr(torch, pdt) if pdt else None
+    return [_case(k, m, n, dt, bwd, param_dtype=param_dtype) for k in kernel_names for (m, n) in shapes
+            for dt in dtypes for bwd in (False, True)]
 
 
 def gpu_cases(device: str = "cuda") -> list[dict]:

@@ -32,17 +32,20 @@ class NormCase:
             raise ValueError(f"unknown norm function {self.public}")
 
     def inputs(self, shape: tuple[int, ...], dtype: torch.dtype, layout: str = "contiguous",
-               device: str = "cpu", seed: int = 0) -> list[Any]:
-        """Positional arguments of the public function (weights around 1, or 0 for offset=1)."""
+               device: str = "cpu", seed: int = 0, param_dtype: torch.dtype | None = None) -> list[Any]:
+        """Positional arguments of the public function (weights around 1, or 0 for offset=1);
+        weight and bias in `param_dtype` (default: dtype; float32 with a bf16/fp16 x is mixed
+        precision)."""
         n = shape[-1]
+        pdt = param_dtype or dtype
         x = make(shape, dtype, seed, layout=layout).to(device)
         args: list[Any] = [x]
         if self.residual:
             args.append(make(shape, dtype, seed + 1, layout=layout).to(device))
         w_shift = 0.0 if self.offset else 1.0
-        args.append(make((n,), dtype, seed + 2, scale=0.5, shift=w_shift).to(device) if self.weight else None)
+        args.append(make((n,), pdt, seed + 2, scale=0.5, shift=w_shift).to(device) if self.weight else None)
         if self.bias is not None:
-            args.append(make((n,), dtype, seed + 3, scale=0.5).to(device) if self.bias else None)
+            args.append(make((n,), pdt, seed + 3, scale=0.5).to(device) if self.bias else None)
         args.append(self.eps)
         if self.offset is not None:
             args.append(self.offset)
@@ -88,10 +91,11 @@ def run_interpreted(case_name: str) -> int:
             case.check("triton", shape, dtype)
             count += 1
     case.check("triton", (5, 7), torch.float32, layout="transposed")
+    case.check("triton", (3, 40), torch.bfloat16, args=case.inputs((3, 40), torch.bfloat16, param_dtype=torch.float32))
     args = case.inputs((3, 6), torch.float32)
     args[0] = with_nonfinite(args[0])
     case.check("triton", (3, 6), torch.float32, args=args, backward=False)
-    return count + 2
+    return count + 3
 
 
 def run_cpu_streaming() -> int:

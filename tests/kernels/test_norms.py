@@ -140,13 +140,52 @@ def test_unsupported_calls_fall_back_with_reasons() -> None:
     assert chosen == "reference" and "float64" in skipped["cpu"]
     out = kernels.rms_norm(x64, None)  # runs (on the reference)
     assert out.dtype == torch.float64
-    x, w32 = make((4, 16), torch.bfloat16), make((16,), torch.float32)
-    chosen, skipped = select_provider(KERNELS["layer_norm"], (x, w32, None, 1e-5), {})
+    x, w16 = make((4, 16), torch.float32), make((16,), torch.bfloat16)  # a weight below x's dtype
+    chosen, skipped = select_provider(KERNELS["layer_norm"], (x, w16, None, 1e-5), {})
     assert chosen == "reference" and "mixed dtypes" in skipped["cpu"]
     with pytest.raises(ValueError, match="mixed dtypes"):
-        kernels.layer_norm(x, w32, None, provider="cpu")
+        kernels.layer_norm(x, w16, None, provider="cpu")
+    xb = make((4, 16), torch.bfloat16)
+    with pytest.raises(ValueError, match="mixed dtypes"):
+        kernels.layer_norm(xb, make((16,), torch.float64), provider="cpu")
+    with pytest.raises(ValueError, match="residual .* does not match"):  # eager would promote
+        kernels.add_rms_norm(xb, make((4, 16), torch.float32), None, provider="cpu")
+    with pytest.raises(ValueError, match="residual .* does not match"):  # eager would broadcast
+        kernels.add_layer_norm(xb, make((16,), torch.bfloat16), provider="cpu")
     with pytest.raises(ValueError, match="does not match the last dim"):
-        kernels.layer_norm(x, make((15,), torch.bfloat16), provider="cpu")
+        kernels.layer_norm(xb, make((15,), torch.bfloat16), provider="cpu")
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (17, 4099), (2, 3, 7, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", ["layer_norm", "layer_norm_no_bias", "rms_norm", "rms_norm_gemma",
+                                  "add_layer_norm", "add_rms_norm", "add_rms_norm_gemma"])
+def test_mixed_precision_parameters(case: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """fp32 weight and bias on a bf16/fp16 input (CPU autocast, fp32 master weights): fused, with
+    eager's output dtype (x's; llama casting promotes to fp32) and fp32 parameter grads."""
+    c = CASES[case]
+    c.check("cpu", shape, dtype, args=c.inputs(shape, dtype, param_dtype=torch.float32))
+
+
+def test_mixed_precision_is_fused_not_the_reference() -> None:
+    """The automatic choice no longer falls back to the eager chain (36x slower at 4096x768)."""
+    x = make((64, 256), torch.bfloat16)
+    w, b = make((256,), torch.float32, 1), make((256,), torch.float32, 2)
+    for name, args in (("layer_norm", (x, w, b, 1e-5)), ("rms_norm", (x, w, 1e-6)),
+                       ("rms_norm", (x, w, 1e-6, 1.0)), ("add_rms_norm", (x, x, w, 1e-6))):
+        chosen, skipped = select_provider(KERNELS[name], args, {})
+        assert chosen == "cpu" and not skipped, (name, skipped)
+    y = kernels.rms_norm(x, w, 1e-6, provider="cpu")  # llama casting: weight * bf16 normed, in fp32
+    assert y.dtype == torch.float32 and torch.equal(y, norms.rms_norm_reference(x, w, 1e-6))
+    assert kernels.rms_norm(x, w, 1e-6, 1.0, provider="cpu").dtype == torch.bfloat16  # gemma: x's dtype
+
+
+def test_aten_layer_norm_takes_mixed_parameters_on_cpu_only() -> None:
+    x = make((4, 16), torch.bfloat16)
+    w = make((16,), torch.float32, 1)
+    assert norms._aten_same_dtypes(x, w, None, 1e-5) is None
+    assert "CPU only" in norms._aten_same_dtypes(x.to("meta"), w.to("meta"), None, 1e-5)
+    assert norms._aten_same_dtypes(x.to("meta"), w.to("meta").bfloat16(), None, 1e-5) is None
 
 
 def test_explicit_triton_without_gpu_or_interpreter_raises_with_reason(monkeypatch) -> None:

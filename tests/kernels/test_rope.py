@@ -100,12 +100,30 @@ def test_zero_size(shape) -> None:
     check("cpu", q, q.clone(), cos, sin, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 2), (2, 4, 2, 17, 64)], ids=str)
+def test_mixed_dtypes_promote_like_eager(shape, dtype) -> None:
+    """fp32 tables on bf16/fp16 q and k give fp32 outputs (eager's promotion), fused; and
+    low-precision tables on fp32 q and k keep fp32."""
+    b, hq, hk, s, d = shape
+    q, k = qk(b, hq, hk, s, d, dtype)
+    cos, sin = tables(s, d, torch.float32)
+    check_against_reference(lambda q, k: kernels.rope(q, k, cos, sin, provider="cpu"),
+                            lambda q, k: rp.rope_reference(q, k, cos, sin), [q, k], dtype)
+    assert kernels.rope(q, k, cos, sin, provider="cpu")[0].dtype == torch.float32
+    assert select_provider(KERNELS["rope"], (q, k, cos, sin), {}) == ("cpu", {})
+    q32, k32 = qk(b, hq, hk, s, d, torch.float32)
+    c16, s16 = tables(s, d, dtype)
+    check_against_reference(lambda q, k: kernels.rope(q, k, c16, s16, provider="cpu"),
+                            lambda q, k: rp.rope_reference(q, k, c16, s16), [q32, k32], torch.float32)
+
+
 def test_fallbacks_keep_reasons() -> None:
     q, k = qk(1, 2, 2, 4, 8, torch.float32)
     cos, sin = tables(4, 8, torch.float32)
     spec = KERNELS["rope"]
     assert select_provider(spec, (q, k, cos, sin), {})[0] == "cpu"
-    for args, why in [((q, k, cos.double(), sin.double()), "mixed dtypes"),
+    for args, why in [((q, k, cos.double(), sin.double()), "only the reference runs float64"),
                       ((q[..., :7], k[..., :7], cos[:, :7], sin[:, :7]), "odd"),
                       ((q, k, cos[:3], sin[:3]), "is not [seq, dim]"),
                       ((q[0], k[0], cos, sin), "must be [batch, heads, seq, head_dim]")]:
@@ -147,14 +165,18 @@ def run_interpreted() -> int:
     check("triton", with_nonfinite(q), k, *tables(3, 8, torch.float32), torch.float32)
     check("triton", torch.randn(0, 2, 3, 8), torch.randn(0, 2, 3, 8), *tables(3, 8, torch.float32),
           torch.float32)
-    return count + 3
+    q, k = qk(1, 2, 1, 3, 8, torch.bfloat16)  # fp32 tables promote: fp32 outputs
+    cos, sin = tables(3, 8, torch.float32)
+    check_against_reference(lambda q, k: kernels.rope(q, k, cos, sin, provider="triton"),
+                            lambda q, k: rp.rope_reference(q, k, cos, sin), [q, k], torch.bfloat16)
+    return count + 4
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter("from tests.kernels.test_rope import run_interpreted\nprint(run_interpreted())")
-    assert int(out.strip().splitlines()[-1]) == 3 * 6 + 3
+    assert int(out.strip().splitlines()[-1]) == 3 * 6 + 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")

@@ -138,6 +138,21 @@ def test_bad_input_one_clear_error() -> None:
         kernels.softmax(x, dim=3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 5, 7), (1, 2, 3, 4099)], ids=str)
+def test_fp32_mask_on_low_precision_scores_promotes_like_eager(shape, dtype) -> None:
+    """HF-style fp32 masks on bf16/fp16 scores: eager gives fp32 probabilities; so do we (fused,
+    gradients to the scores and the mask included), causal too; a bf16 mask on fp32 scores keeps fp32."""
+    x = make(shape, dtype, seed=1, scale=2.0)
+    mask = padding_mask(shape[0], shape[-1], torch.float32)
+    check("cpu", [x, mask], dtype, scale=0.5)
+    check("cpu", [x, mask], dtype, causal=True)
+    assert kernels.softmax(x, mask=mask, provider="cpu").dtype == torch.float32
+    assert select_provider(KERNELS["softmax"], (x, -1, 0.5, mask, False), {})[0] == "cpu"
+    x32 = make(shape, torch.float32, seed=1, scale=2.0)
+    check("cpu", [x32, padding_mask(shape[0], shape[-1], dtype)], torch.float32, scale=0.5)
+
+
 def test_auto_provider_and_fallback_reasons() -> None:
     x = torch.randn(2, 4, 4)
     assert select_provider(KERNELS["softmax"], (x, -1, 1.0, None, False), {})[0] == "cpu"
@@ -188,7 +203,9 @@ def run_interpreted() -> int:
           torch.float32, causal=True, scale=0.5)
     check("triton", [with_nonfinite(make((4, 37), torch.float32, seed=1))], torch.float32)
     check("triton", [make((2, 9, 6), torch.float32, seed=1)], torch.float32, causal=True)
-    return count + 7
+    check("triton", [make((2, 2, 3, 9), torch.bfloat16, seed=1), padding_mask(2, 9, torch.float32)],
+          torch.bfloat16, scale=0.5)  # an fp32 mask promotes: fp32 probabilities
+    return count + 8
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
@@ -196,7 +213,7 @@ def run_interpreted() -> int:
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter(
         "from tests.kernels.test_softmax import run_interpreted\nprint(run_interpreted())")
-    assert int(out.strip().splitlines()[-1]) == 3 * 9 + 7
+    assert int(out.strip().splitlines()[-1]) == 3 * 9 + 8
 
 
 def test_public_names_call_even_after_the_submodule_import() -> None:
