@@ -33,6 +33,14 @@ def _w_eff(kind: str, weight: torch.Tensor | None, offset: float, llama_cast: bo
     return w.float().contiguous()
 
 
+def _y_dtype(kind: str, x: torch.Tensor, weight: torch.Tensor | None, llama_cast: bool) -> torch.dtype:
+    """Eager's output dtype: x's, except RMSNorm's llama casting with an fp32 weight on 16-bit x,
+    where `weight * normed.to(x.dtype)` promotes to fp32 (norm_train.cpp decides the same)."""
+    promoted = (kind == "rms" and llama_cast and weight is not None and weight.dtype == torch.float32
+                and x.dtype != torch.float32)
+    return torch.float32 if promoted else x.dtype
+
+
 def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     """[..., N] -> contiguous [M, N] (a view when already contiguous)."""
     if t is None:
@@ -57,7 +65,7 @@ class _FusedNorm(torch.autograd.Function):
         w_eff = _w_eff(kind, weight, offset, llama_cast)
         x2, r2 = _rows(x, n), _rows(residual, n)
         m = x2.shape[0]
-        y = new_output((m, n), x2)
+        y = new_output((m, n), x2, _y_dtype(kind, x, weight, llama_cast))
         s = new_output((m, n), x2) if r2 is not None else x2.new_empty(0)
         rstd = new_output((m,), x2, torch.float32)
         mean = new_output((m,), x2, torch.float32) if kind == "ln" else None

@@ -12,6 +12,9 @@ Semantics follow the models they replace:
   casting="gemma" (HF GemmaRMSNorm; the default when offset != 0): all in fp32, cast once:
   `(x.float() * rsqrt(...) * (offset + weight.float())).to(x.dtype)`.
 - add_*: `s = x + residual` (rounded to the dtype, as eager does), then the norm of `s`.
+- Mixed precision: weight and bias may be fp32 on a bf16/fp16 x (fused, grads in fp32). The output
+  has eager's dtype: x's, except llama casting, where `fp32 weight * normed.to(x.dtype)` is fp32
+  (one kernel writes it in fp32; `kernels/norm_function._y_dtype`).
 
 Providers: "cpu" (C++ ops `torch.ops.fusionlens.{layer,rms}_norm_{fwd,bwd}` from
 `kernels/csrc/norms.cpp`), "triton" (`kernels/triton_norms.py`, same op signatures), "aten"
@@ -100,27 +103,15 @@ def _add_ln(provider):
 
 def _rms(provider):
     def run(x, weight=None, eps=1e-6, offset=0.0, casting=None):
-        return _rms_run(provider, x, None, weight, eps, offset, casting)
+        return apply_norm(provider, "rms", x, None, weight, None, eps, offset, _casting(offset, casting) == "llama")
     return run
 
 
 def _add_rms(provider):
     def run(x, residual, weight=None, eps=1e-6, offset=0.0, casting=None):
-        return _rms_run(provider, x, residual, weight, eps, offset, casting)
+        return apply_norm(provider, "rms", x, residual, weight, None, eps, offset,
+                          _casting(offset, casting) == "llama")
     return run
-
-
-def _rms_run(provider, x, residual, weight, eps, offset, casting):
-    """RMSNorm (+ residual) by a fused provider. Llama casting with an fp32 weight on a bf16/fp16
-    x promotes, as eager does: `(offset + weight) * normed` is fp32, so the kernel writes `normed`
-    in x's dtype and the weight multiply stays an eager op (autograd differentiates it)."""
-    llama = _casting(offset, casting) == "llama"
-    if not (llama and weight is not None and weight.dtype != x.dtype):
-        return apply_norm(provider, "rms", x, residual, weight, None, eps, offset, llama)
-    out = apply_norm(provider, "rms", x, residual, None, None, eps, 0.0, True)
-    if residual is None:
-        return (offset + weight) * out
-    return out[0], (offset + weight) * out[1]
 
 
 # ---------------------------------------------------------------- support checks and costs
@@ -189,9 +180,11 @@ def _norm_cost(x, weight, bias, residual: bool, kind: str, casting: str = "llama
     es = x.element_size()
     fs = 4 if es < 4 else es  # the math dtype's size (`_up`)
     has_w, has_b = weight is not None, bias is not None
+    # llama casting with an fp32 weight on 16-bit x promotes: y is fp32
+    ys = 4 if kind == "rms" and casting == "llama" and has_w and weight.element_size() == 4 else es
     params = sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
     n_in = 2 if residual else 1
-    fused = (2 * n_in * e * es + params + (2 if kind == "ln" else 1) * rows * 4)
+    fused = n_in * e * es + e * ys + (e * es if residual else 0) + params + (2 if kind == "ln" else 1) * rows * 4
     low = es < fs
     unfused = 3 * e * es if residual else 0  # s = x + residual
     unfused += e * (es + fs) if low else 0  # _up(x)
@@ -203,7 +196,7 @@ def _norm_cost(x, weight, bias, residual: bool, kind: str, casting: str = "llama
         unfused += e * fs * (2 + 1 + 2) + params  # pow, mean, * rstd
         if casting == "llama":
             unfused += e * (fs + es) if low else 0  # normed.to(x.dtype)
-            unfused += 2 * e * es * has_w  # (offset + w) * normed, in x's dtype
+            unfused += e * (es + ys) * has_w  # (offset + w) * normed, in x's dtype (fp32 w: promoted)
         else:
             unfused += 2 * e * fs * has_w  # normed * (offset + w.float())
             unfused += e * (fs + es) if low else 0  # .to(x.dtype)

@@ -121,8 +121,8 @@ def _rms_fwd(X, R, S, Y, W, Rstd, N, eps, HAS_RES: tl.constexpr, HAS_W: tl.const
         x = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
     y = x * rstd
-    if LLAMA:  # HF Llama: cast the normalized value to the input dtype before the weight
-        y = y.to(Y.dtype.element_ty).to(tl.float32)
+    if LLAMA:  # HF Llama: cast the normalized value to the input dtype before the weight (Y may
+        y = y.to(X.dtype.element_ty).to(tl.float32)  # be fp32: an fp32 weight promotes)
     if HAS_W:
         y = y * tl.load(W + cols, mask=mask, other=0.0)
     tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=mask)

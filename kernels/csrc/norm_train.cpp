@@ -72,7 +72,10 @@ TrainFwd train_forward(const at::Tensor& x, const at::Tensor& residual, const at
   const at::Tensor r2 = residual.defined() ? residual.reshape({m, n}).contiguous() : at::Tensor();
   const auto opt = x2.options(), f32 = opt.dtype(at::kFloat);
   TrainFwd o;
-  at::Tensor y = new_out({m, n}, opt, p);
+  // llama casting with an fp32 weight on 16-bit x promotes, as eager: y = w * round(x * rstd) in fp32
+  const bool promoted = rms && llama_cast && weight.defined() && weight.scalar_type() == at::kFloat &&
+                        x.scalar_type() != at::kFloat;
+  at::Tensor y = new_out({m, n}, promoted ? f32 : opt, p);
   at::Tensor s = r2.defined() ? new_out({m, n}, opt, p) : at::empty({0}, opt);
   o.rstd = new_out({m}, f32, p);
   if (!rms) o.mean = new_out({m}, f32, p);

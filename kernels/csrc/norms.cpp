@@ -151,6 +151,11 @@ void check_out(const at::Tensor& t, at::ScalarType dtype, int64_t numel, const c
 
 bool stream_for(const at::Tensor& x) { return stream_output(x.numel(), x.element_size()); }
 
+// A float32 y (or dy) for 16-bit x: RMSNorm's llama casting with an fp32 weight, which promotes.
+bool promotes(const at::Tensor& x, const at::Tensor& y) {
+  return y.scalar_type() == at::kFloat && x.scalar_type() != at::kFloat;
+}
+
 }  // namespace
 
 void layer_norm_fwd(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
@@ -193,14 +198,19 @@ void rms_norm_fwd(const at::Tensor& x, const c10::optional<at::Tensor>& residual
                   at::Tensor sum_out, at::Tensor rstd) {
   const auto [m, n] = check_rows(x);
   const void* res = data_or_null(residual, x);
-  check_out(y, x.scalar_type(), m * n, "y");
+  const bool promoted = promotes(x, y);
+  check_out(y, promoted ? at::kFloat : x.scalar_type(), m * n, "y");
   if (res) check_out(sum_out, x.scalar_type(), m * n, "sum_out");
   check_out(rstd, at::kFloat, m, "rstd");
   const RmsFwd a{x.data_ptr(), res, res ? sum_out.data_ptr() : nullptr, y.data_ptr(), f32_or_null(weight, n),
                  rstd.data_ptr<float>(), m, n, eps, llama_cast, stream_for(x)};
   dispatch_dtype(x.scalar_type(), "rms_norm_fwd", [&](auto tag) {
     using T = decltype(tag);
-    FL_DISPATCH_ISA(rms_fwd, T, a)
+    if (promoted) {
+      FL_DISPATCH_ISA(rms_fwd_promoted, T, a)
+    } else {
+      FL_DISPATCH_ISA(rms_fwd, T, a)
+    }
   });
 }
 
@@ -208,15 +218,20 @@ void rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const c10::optional
                   const at::Tensor& rstd, const c10::optional<at::Tensor>& dadd, bool llama_cast, at::Tensor dx,
                   at::Tensor dw) {
   const auto [m, n] = check_rows(x);
-  TORCH_CHECK(dy.is_contiguous() && dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type(),
-              "rms_norm_bwd: dy must match x");
+  const bool promoted = promotes(x, dy);
+  TORCH_CHECK(dy.is_contiguous() && dy.sizes() == x.sizes() && (promoted || dy.scalar_type() == x.scalar_type()),
+              "rms_norm_bwd: dy must match x (or be float32 for 16-bit x)");
   check_out(dx, x.scalar_type(), m * n, "dx");
   check_out(rstd, at::kFloat, m, "rstd");
   const RmsBwd a{dy.data_ptr(), x.data_ptr(), data_or_null(dadd, x), dx.data_ptr(), f32_or_null(weight, n),
                  rstd.data_ptr<float>(), grad_buffer(dw, n), m, n, llama_cast, stream_for(x)};
   dispatch_dtype(x.scalar_type(), "rms_norm_bwd", [&](auto tag) {
     using T = decltype(tag);
-    FL_DISPATCH_ISA(rms_bwd, T, a)
+    if (promoted) {
+      FL_DISPATCH_ISA(rms_bwd_promoted, T, a)
+    } else {
+      FL_DISPATCH_ISA(rms_bwd, T, a)
+    }
   });
 }
 

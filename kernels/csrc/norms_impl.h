@@ -104,9 +104,9 @@ inline void row_ln_bwd_sums(const S* dy, const float* w, const S* x, float mu, f
   *s_gx = ta, *s_g = tb;
 }
 
-// sum(dy * w * x)
-template <typename S>
-inline float row_dot3(const S* dy, const float* w, const S* x, int64_t n) {
+// sum(dy * w * x); dy may be float on 16-bit rows (llama casting's promoted output)
+template <typename G, typename S>
+inline float row_dot3(const G* dy, const float* w, const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
   for (; j + 4 * kW <= n; j += 4 * kW) {
@@ -295,14 +295,15 @@ void ln_bwd(const LnBwd& a) {
 // ---------------------------------------------------------------- RMSNorm
 // llama_cast: y = round(round(x * rstd) * w) (HF LlamaRMSNorm: normalize in fp32, cast to the
 // input dtype, then multiply by the weight); otherwise y = round(x * rstd * w) (Gemma: all fp32,
-// one cast). w already holds (offset + weight) as float.
-template <typename T>
+// one cast). w already holds (offset + weight) as float. Y = float on 16-bit rows is llama
+// casting with an fp32 weight, where eager promotes: y = round(x * rstd) * w, kept in fp32.
+template <typename T, typename Y = T>
 void rms_fwd(const RmsFwd& a) {
   const int64_t m = a.m, n = a.n;
   const T* xp = static_cast<const T*>(a.x);
   const T* rp = static_cast<const T*>(a.res);
   T* sp = static_cast<T*>(a.sum);
-  T* yp = static_cast<T*>(a.y);
+  Y* yp = static_cast<Y*>(a.y);
   const float inv_n = 1.0f / static_cast<float>(n);
   const bool stream = a.stream;
   const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
@@ -321,18 +322,24 @@ void rms_fwd(const RmsFwd& a) {
       for (int64_t j0 = 0; j0 < n; j0 += kTile) {
         const int64_t len = std::min(kTile, n - j0);
         const float *xt = xr + j0, *wt = wv + j0;
-        float* yt = tile_for<T>(yp + i * n + j0, tile, stream);
-        if (round_n) {  // HF llama: round the normalized value to T before the weight
-#pragma omp simd
-          for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r;
-          round_through_t<T>(yt, sc.t.data(), len);
-#pragma omp simd
-          for (int64_t j = 0; j < len; ++j) yt[j] *= wt[j];
+        float* yt = tile_for<Y>(yp + i * n + j0, tile, stream);
+        if (round_n) {  // HF llama: round the normalized value to T (in registers) before the weight
+          int64_t j = 0;
+          for (; j + kW <= len; j += kW) st(yt + j, round_v<T>(ld(xt + j) * r) * ld(wt + j));
+          for (; j < len; ++j) {
+            T t;
+            st1(&t, xt[j] * r);
+            yt[j] = ld1(&t) * wt[j];
+          }
         } else {
 #pragma omp simd
           for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r * wt[j];
         }
-        commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
+        if constexpr (std::is_same_v<Y, T>) {
+          commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
+        } else {
+          commit<float>(yt, yp + i * n + j0, len, stream, nullptr);
+        }
       }
     }
     if (stream || rp) fence();
@@ -344,13 +351,13 @@ void rms_fwd(const RmsFwd& a) {
 // blocks spilled L1 at N = 768). dx = r * (dy * w - x * c1) [+ da]; pw += dy * x * r, or with NH
 // (HF llama casting of 16-bit rows) pw += dy * n_hat with n_hat = x * r rounded through T, as the
 // weight saw it in the forward.
-template <typename T, bool A, bool NH, typename D>
-inline void rms_bwd_row(const T* x, const T* dy, const T* da, const float* w, D* dx, float* pw, float r,
-                        float c1, int64_t n, const T* nx, const T* ndy) {
+template <typename T, bool A, bool NH, typename D, typename G>
+inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw, float r,
+                        float c1, int64_t n, const T* nx, const G* ndy) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
-    prefetch_cols<T>(ndy, j0, j1 - j0);
+    prefetch_cols<G>(ndy, j0, j1 - j0);
     int64_t j = j0;
     for (; j + kW <= j1; j += kW) {
       const vf d = ldv(dy + j), xv = ldv(x + j);
@@ -358,9 +365,7 @@ inline void rms_bwd_row(const T* x, const T* dy, const T* da, const float* w, D*
       if constexpr (A) o += ldv(da + j);
       stv(dx + j, o);
       if constexpr (NH) {
-        T t[kW];
-        stv(t, xv * r);
-        st(pw + j, ld(pw + j) + d * ldv(t));
+        st(pw + j, ld(pw + j) + d * round_v<T>(xv * r));
       } else {
         st(pw + j, ld(pw + j) + d * xv * r);
       }
@@ -381,11 +386,12 @@ inline void rms_bwd_row(const T* x, const T* dy, const T* da, const float* w, D*
   }
 }
 
-template <typename T>
+// G = float on 16-bit rows: the gradient of rms_fwd<T, float>'s promoted output.
+template <typename T, typename G = T>
 void rms_bwd(const RmsBwd& a) {
   const int64_t m = a.m, n = a.n;
   const T* xp = static_cast<const T*>(a.x);
-  const T* dyp = static_cast<const T*>(a.dy);
+  const G* dyp = static_cast<const G*>(a.dy);
   const T* dap = static_cast<const T*>(a.dadd);
   T* dxp = static_cast<T*>(a.dx);
   const float inv_n = 1.0f / static_cast<float>(n);
@@ -403,12 +409,13 @@ void rms_bwd(const RmsBwd& a) {
       float* pw = a.dw ? dw_part.data() + c * n : sw;
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
-        const T *x = xp + i * n, *dy = dyp + i * n, *da = dap ? dap + i * n : nullptr;
+        const T *x = xp + i * n, *da = dap ? dap + i * n : nullptr;
+        const G* dy = dyp + i * n;
         const float r = a.rstd[i];
         const float c1 = row_dot3(dy, wv, x, n) * r * r * inv_n;  // mean(dn * n_hat) / rstd
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
-        const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
+        const G* ndy = ip < i1 ? dyp + ip * n : nullptr;
         auto row = [&](auto* dx) {
           if (da) {
             round_n ? rms_bwd_row<T, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
@@ -429,4 +436,16 @@ void rms_bwd(const RmsBwd& a) {
     if (stream) fence();
   });
   if (a.dw) reduce_partials(dw_part.data(), nchunks, n, a.dw);
+}
+
+// Llama casting with an fp32 weight on 16-bit rows (eager promotes: fp32 weight * T normed): y and
+// dy are float. Named instances, so the per-ISA dispatch macro takes one template argument.
+template <typename T>
+void rms_fwd_promoted(const RmsFwd& a) {
+  rms_fwd<T, float>(a);
+}
+
+template <typename T>
+void rms_bwd_promoted(const RmsBwd& a) {
+  rms_bwd<T, float>(a);
 }

@@ -132,12 +132,24 @@ inline const float* as_f32(const T* src, float* buf, int64_t n) {
   }
 }
 
-// Round float values in place through T (what `.to(T)` then `.float()` does); identity for float.
+// One vector rounded through T in registers (`.to(T).float()`, as stv then ldv round it).
 template <typename T>
-inline void round_through_t(float* v, T* scratch, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) {
-    store_from_f32<T>(v, scratch, n);
-    load_f32<T>(scratch, v, n);
+inline vf round_v(vf v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // stv's bits, shifted back into place
+    vu u;
+    std::memcpy(&u, &v, sizeof(u));
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu nan = reinterpret_cast<vu>((u & 0x7fffffffu) > 0x7f800000u);
+    const vu bits = ((rounded & ~nan) | (((u >> 16) | 0x40u) & nan)) << 16;
+    vf f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  } else {
+    T t[kW];
+    stv(t, v);
+    return ldv(t);
   }
 }
 

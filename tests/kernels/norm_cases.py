@@ -109,4 +109,10 @@ def run_cpu_streaming() -> int:
             for shape in ((5, 2051), (3, 17)):
                 CASES[name].check("cpu", shape, dtype)
                 count += 1
+    for name in ("rms_norm", "add_rms_norm"):  # fp32 weight on 16-bit rows: llama's fp32 output streamed
+        for dtype in (torch.bfloat16, torch.float16):
+            for shape in ((5, 2051), (3, 17)):
+                c = CASES[name]
+                c.check("cpu", shape, dtype, args=c.inputs(shape, dtype, param_dtype=torch.float32))
+                count += 1
     return count

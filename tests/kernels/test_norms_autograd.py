@@ -50,13 +50,15 @@ def test_python_road_is_the_autograd_function(python_road) -> None:
     assert "_FusedNorm" in _grad_fn_name(kernels.layer_norm(x, provider="cpu"))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype,param_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                               (torch.bfloat16, torch.float32)], ids=str)
 @pytest.mark.parametrize("shape", [(5, 37), (2, 3, 40), (1, 1)], ids=str)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_cpp_and_python_roads_agree_bit_for_bit(case: str, shape, dtype, monkeypatch) -> None:
-    """Same kernels, same outputs and grads, whichever autograd node drives them (poisoned outputs)."""
+def test_cpp_and_python_roads_agree_bit_for_bit(case: str, shape, dtype, param_dtype, monkeypatch) -> None:
+    """Same kernels, same outputs and grads, whichever autograd node drives them (poisoned outputs);
+    fp32 parameters on bf16 rows too (llama casting's promoted fp32 output)."""
     c = CASES[case]
-    args = c.inputs(shape, dtype)
+    args = c.inputs(shape, dtype, param_dtype=param_dtype)
     with poisoned():
         cpp = fwd_bwd(c.ours("cpu"), args)
     monkeypatch.setattr(norms, "apply_norm", functools.partial(norm_function.apply_norm, cpp_autograd=False))

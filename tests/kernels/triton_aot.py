@@ -242,6 +242,9 @@ def drive_norms(full: bool) -> None:
             _fwd_bwd(lambda: kernels.rms_norm(x, w, 1e-6, provider="triton"), [x, w])
             _fwd_bwd(lambda: kernels.add_layer_norm(x, r, w, b, 1e-5, provider="triton"), [x, r, w, b])
             _fwd_bwd(lambda: kernels.add_rms_norm(x, r, w, 1e-6, provider="triton"), [x, r, w])
+            if dtype != torch.float32:  # an fp32 weight on 16-bit rows: llama casting's fp32 y and dy
+                w32 = _t((n,), torch.float32)
+                _fwd_bwd(lambda: kernels.rms_norm(x, w32, 1e-6, provider="triton"), [x, w32])
             if full:
                 _fwd_bwd(lambda: kernels.layer_norm(x, None, None, 1e-5, provider="triton"), [x])
                 _fwd_bwd(lambda: kernels.rms_norm(x, w, 1e-6, offset=1.0, provider="triton"), [x, w])
