@@ -65,20 +65,21 @@ inline float row_add_sumsq(const float* x, const float* r, float* s, int64_t n) 
   return t;
 }
 
-// sum(x^2)
-inline float row_sumsq(const float* x, int64_t n) {
+// sum(x^2), x a row of float or of a 16-bit type (converted in registers)
+template <typename S>
+inline float row_sumsq(const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
   for (; j + 4 * kW <= n; j += 4 * kW) {
-    const vf x0 = ld(x + j), x1 = ld(x + j + kW), x2 = ld(x + j + 2 * kW), x3 = ld(x + j + 3 * kW);
+    const vf x0 = ldv(x + j), x1 = ldv(x + j + kW), x2 = ldv(x + j + 2 * kW), x3 = ldv(x + j + 3 * kW);
     a0 += x0 * x0, a1 += x1 * x1, a2 += x2 * x2, a3 += x3 * x3;
   }
   for (; j + kW <= n; j += kW) {
-    const vf x0 = ld(x + j);
+    const vf x0 = ldv(x + j);
     a0 += x0 * x0;
   }
   float t = hsum((a0 + a1) + (a2 + a3));
-  for (; j < n; ++j) t += x[j] * x[j];
+  for (; j < n; ++j) t += ld1(x + j) * ld1(x + j);
   return t;
 }
 
@@ -293,6 +294,32 @@ void ln_bwd(const LnBwd& a) {
 }
 
 // ---------------------------------------------------------------- RMSNorm
+// y = x * r [rounded through T when RN] * w over columns [0, n): x a 16-bit row read in registers,
+// y stored as D (T or float directly, or a float tile to be streamed out), while the next row nx is
+// prefetched (as ln_out_row).
+template <bool RN, typename T, typename D>
+inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, const T* nx) {
+  for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
+    const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
+    prefetch_cols<T>(nx, j0, j1 - j0);
+    int64_t j = j0;
+    for (; j + kW <= j1; j += kW) {
+      vf v = ldv(x + j) * r;
+      if constexpr (RN) v = round_v<T>(v);
+      stv(y + j, v * ld(w + j));
+    }
+    for (; j < j1; ++j) {
+      float v = ld1(x + j) * r;
+      if constexpr (RN) {
+        T t;
+        st1(&t, v);
+        v = ld1(&t);
+      }
+      st1(y + j, v * w[j]);
+    }
+  }
+}
+
 // llama_cast: y = round(round(x * rstd) * w) (HF LlamaRMSNorm: normalize in fp32, cast to the
 // input dtype, then multiply by the weight); otherwise y = round(x * rstd * w) (Gemma: all fp32,
 // one cast). w already holds (offset + weight) as float. Y = float on 16-bit rows is llama
@@ -313,6 +340,30 @@ void rms_fwd(const RmsFwd& a) {
     Scratch<T> sc(2 * n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));
     float* tile = sc.f.data() + 2 * n;
     for (int64_t i = begin; i < end; ++i) {
+      if constexpr (!std::is_same_v<T, float>) {
+        if (!rp) {  // a 16-bit row without residual: read in registers twice, no float copy
+          const T* x = xp + i * n;
+          const T* nx = i + kPrefetchRows < end ? x + kPrefetchRows * n : nullptr;
+          const float r = 1.0f / std::sqrt(row_sumsq(x, n) * inv_n + static_cast<float>(a.eps));
+          a.rstd[i] = r;
+          if (!stream) {
+            round_n ? rms_out_row<true>(x, yp + i * n, wv, r, n, nx) : rms_out_row<false>(x, yp + i * n, wv, r, n, nx);
+            continue;
+          }
+          for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // streamed: float tiles, then non-temporal stores
+            const int64_t len = std::min(kTile, n - j0);
+            const T* nxt = nx ? nx + j0 : nullptr;
+            round_n ? rms_out_row<true>(x + j0, tile, wv + j0, r, len, nxt)
+                    : rms_out_row<false>(x + j0, tile, wv + j0, r, len, nxt);
+            if constexpr (std::is_same_v<Y, T>) {
+              commit<T>(tile, yp + i * n + j0, len, stream, sc.t.data());
+            } else {
+              commit<float>(tile, yp + i * n + j0, len, stream, nullptr);
+            }
+          }
+          continue;
+        }
+      }
       float ss = 0.f;
       const bool fused_ss = std::is_same_v<T, float> && rp;  // the add computed sum(s^2) already
       const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, &ss);
