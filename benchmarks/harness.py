@@ -1,8 +1,13 @@
 """Shared benchmark protocol: interleaved rounds, percentiles, ratios, long-format CSV rows.
 
 Every FusionLens benchmark uses this so numbers compare across runs and machines:
-- variants run interleaved, round by round (A B C, A B C, ...), so slow drift of a shared machine
-  hits all of them alike; a ratio is computed per round, then summarised;
+- variants run interleaved, round by round, so slow drift of a shared machine hits all of them
+  alike; a ratio is computed per round, then summarised. The order is shuffled every round
+  (seeded, e.g. A C B, C B A, A B C) so that no variant always follows the same one: on CPU a
+  variant that frees large temporaries (an unfused chain) makes glibc hand the memory back, and
+  whatever runs next pays the page faults of fresh outputs (measured: a fused kernel right after
+  the eager chain took 2.9 ms a call instead of 1.0 ms, and the same kernel placed after it in a
+  fixed order escaped while the one before paid);
 - both CPU time (process time: robust on a shared machine) and wall time (what users feel);
 - p20 / p50 / p80 of each;
 - machine facts recorded with every row: CPU model, threads, load average, allocator setting.
@@ -15,6 +20,7 @@ import csv
 import datetime as _dt
 import os
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -83,12 +89,25 @@ class Timing:
         return percentiles(x / y for x, y in zip(a, b) if y > 0)
 
 
+def round_orders(names: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
+    """The variant order of each round: a seeded shuffle per round, so every variant follows
+    (and precedes) the others about equally often, not always the same neighbour."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
+
+
 def interleave(variants: Mapping[str, Callable[[], object]], rounds: int = 7, inner: int = 1,
                warmup: int = 1, sync: Callable[[], None] | None = None) -> Timing:
     """Time each variant `inner` times per round, interleaved over `rounds` rounds.
 
     Returns per-call seconds (round total / inner). `sync` runs after each variant (e.g.
-    torch.cuda.synchronize) so asynchronous work is counted.
+    torch.cuda.synchronize) so asynchronous work is counted. The order within a round is a seeded
+    shuffle (`round_orders`), the same in every run.
     """
     timing = Timing({k: [] for k in variants}, {k: [] for k in variants})
     for fn in variants.values():
@@ -96,8 +115,9 @@ def interleave(variants: Mapping[str, Callable[[], object]], rounds: int = 7, in
             fn()
         if sync:
             sync()
-    for _ in range(rounds):
-        for name, fn in variants.items():
+    for order in round_orders(list(variants), rounds):
+        for name in order:
+            fn = variants[name]
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(inner):
                 fn()
