@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import random
 import statistics
 import threading
 import time
@@ -272,7 +273,9 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
     """Median microseconds per call of each candidate.
 
     Each candidate is warmed up once (which also sizes its repetitions), then the candidates are
-    timed in rounds, rotated so no provider always runs first, until the budget is spent. A
+    timed in rounds, in a seeded shuffled order, until the budget is spent: no provider always runs
+    first or always right after the same one (on CPU the one after an unfused chain pays the page
+    faults of the memory that chain just freed; a fixed rotation keeps each one's predecessor). A
     candidate whose first timed call took over DROP_FACTOR x the fastest one's, and long enough
     to matter to the budget, cannot win: it skips the later rounds. (Judged after a warm-up, not
     on it: a first call can be 100x slower than the next, e.g. fresh pages for the outputs.)
@@ -300,9 +303,11 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
     inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
     timed, slow = list(runs), ()
     rounds = 0
+    shuffler = random.Random(0)  # private and seeded: the global RNG is not touched
     while timed and rounds < MAX_ROUNDS:
-        shift = rounds % len(timed)
-        for p in timed[shift:] + timed[:shift]:
+        order = list(timed)
+        shuffler.shuffle(order)
+        for p in order:
             samples[p].append(_sample_s(runs[p], inner[p], device, clock))
         rounds += 1
         if rounds == 1:  # hopeless and costly after a warm-up and a timed call: no more rounds

@@ -314,3 +314,31 @@ def test_far_slower_provider_skips_the_later_rounds(toy, monkeypatch) -> None:
     assert toy.calls["reference"] == 2  # warm-up and the first round only
     assert "reference" in choice.times_us and "reference" in choice.note
     assert choice.provider in ("cpu", "aten")
+
+
+def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(monkeypatch) -> None:
+    """On CPU whatever runs right after the unfused reference pays the page faults of the memory it
+    freed; a fixed rotation would hand that cost to the same provider every round."""
+    seq: list[str] = []
+
+    def provider(name: str):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            seq.append(name)
+            return x + 1
+        return run
+
+    spec = KernelSpec("toy_tuning_order", provider("reference"), {"cpu": provider("cpu"), "aten": provider("aten")},
+                      Supports(dtypes=(torch.float32,)))
+    samples: list[int] = []
+    real = tuning._sample_s
+    monkeypatch.setattr(tuning, "_sample_s", lambda run, *a: (samples.append(len(seq)), real(run, *a))[1])
+    monkeypatch.setattr(tuning, "MAX_ROUNDS", 9)
+    m = tuning.measure(spec, ["cpu", "aten", "reference"], (torch.randn(8),), {}, False, budget_s=30.0)
+    assert m.rounds == 9
+    order = [seq[i] for i in samples[3:]]  # the first name of each timed sample (after 3 warm-ups)
+    rounds = [order[i:i + 3] for i in range(0, len(order), 3)]
+    assert all(sorted(r) == ["aten", "cpu", "reference"] for r in rounds)
+    for name in ("cpu", "aten", "reference"):  # its predecessor in the round ("" when first) varies:
+        before = Counter(r[r.index(name) - 1] if r.index(name) else "" for r in rounds)
+        assert max(before.values()) <= 5, (name, before)  # a fixed rotation gives 6 of 9 (or 9 of 9)
+    assert len({r[0] for r in rounds}) == 3
