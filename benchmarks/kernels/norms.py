@@ -201,6 +201,11 @@ def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
     """Correctness at real sizes on the GPU: (name, zero-arg check that raises on mismatch)."""
     from tests.kernels.norm_cases import CASES
 
-    return [(f"{name} 8192x4096 {dt}", lambda c=CASES[name], dt=dt: c.check("triton", (8192, 4096), dt, device=device))
-            for name in ("layer_norm", "rms_norm", "rms_norm_gemma", "add_layer_norm", "add_rms_norm")
-            for dt in (torch.float32, torch.bfloat16)]
+    checks = [(f"{name} 8192x4096 {dt}", lambda c=CASES[name], dt=dt: c.check("triton", (8192, 4096), dt, device=device))
+              for name in ("layer_norm", "rms_norm", "rms_norm_gemma", "add_layer_norm", "add_rms_norm")
+              for dt in (torch.float32, torch.bfloat16)]
+    mixed = lambda c: c.check("triton", (8192, 4096), torch.bfloat16, device=device,  # noqa: E731
+                              args=c.inputs((8192, 4096), torch.bfloat16, device=device, param_dtype=torch.float32))
+    checks += [(f"{name} 8192x4096 bf16, fp32 params", lambda c=CASES[name]: mixed(c))
+               for name in ("layer_norm", "rms_norm", "add_rms_norm")]
+    return checks
