@@ -5,7 +5,9 @@ Usage (from the repo root):
         [--rounds 7] [--quick] [--no-compile] [--csv kernels.csv]
 
 Per case (see the contract in `benchmarks/kernels/__init__.py`): the variants run interleaved,
-round by round; ratios of every variant over "ours" are computed per round; torch.compile is
+round by round, in an order shuffled every round, each variant's turn opened by one untimed call
+so its timed calls see its own steady state rather than the memory the variant before it freed
+(`benchmarks.harness.interleave`); ratios of every variant over "ours" are computed per round; torch.compile is
 timed cold (fresh inductor cache dir for this process) and warm (after torch._dynamo.reset(),
 cache on disk), and the steps to break even against the case's baseline are reported. A copy
 (`y.copy_(x)`, 64 MiB) measures this machine's memory bandwidth per thread count, so every
@@ -95,7 +97,7 @@ def _shape(case: dict) -> str:
 def run_case(case: dict, threads: int, bw_gb_per_s: float, rounds: int, use_compile: bool) -> list[dict]:
     """Benchmark one case; print its table; return its CSV rows."""
     malloc = os.environ.get("GLIBC_TUNABLES", "glibc-default")
-    notes = f"threads={threads}; malloc={malloc}; rev={REV}; {case.get('notes', '')}".strip("; ")
+    notes = f"threads={threads}; malloc={malloc}; rev={REV}; order=shuffled; settle=1; {case.get('notes', '')}".strip("; ")
     rows: list[dict] = []
     variants = dict(case["variants"])
     extra: list[list] = []
@@ -108,7 +110,7 @@ def run_case(case: dict, threads: int, bw_gb_per_s: float, rounds: int, use_comp
         except Exception as exc:  # a compile failure is a result, not a crash
             extra = [["compile", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"]]
     inner = case.get("inner") or _auto_inner(variants["ours"])
-    timing = interleave(variants, rounds=rounds, inner=inner, warmup=1)
+    timing = interleave(variants, rounds=rounds, inner=inner, warmup=1, settle=1)
     rows += timing_rows(case["kernel"], _shape(case), timing, notes=notes)
     table = []
     for name in variants:

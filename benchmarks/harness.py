@@ -102,12 +102,14 @@ def round_orders(names: list[str], rounds: int, seed: int = 0) -> list[list[str]
 
 
 def interleave(variants: Mapping[str, Callable[[], object]], rounds: int = 7, inner: int = 1,
-               warmup: int = 1, sync: Callable[[], None] | None = None) -> Timing:
+               warmup: int = 1, sync: Callable[[], None] | None = None, settle: int = 0) -> Timing:
     """Time each variant `inner` times per round, interleaved over `rounds` rounds.
 
     Returns per-call seconds (round total / inner). `sync` runs after each variant (e.g.
     torch.cuda.synchronize) so asynchronous work is counted. The order within a round is a seeded
-    shuffle (`round_orders`), the same in every run.
+    shuffle (`round_orders`), the same in every run. `settle` untimed calls open each variant's
+    turn, so its timed calls see its own steady state (heap and caches as its previous call left
+    them), not the memory the variant before it freed.
     """
     timing = Timing({k: [] for k in variants}, {k: [] for k in variants})
     for fn in variants.values():
@@ -118,6 +120,10 @@ def interleave(variants: Mapping[str, Callable[[], object]], rounds: int = 7, in
     for order in round_orders(list(variants), rounds):
         for name in order:
             fn = variants[name]
+            for _ in range(settle):
+                fn()
+            if settle and sync:
+                sync()
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(inner):
                 fn()

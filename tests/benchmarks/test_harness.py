@@ -29,3 +29,13 @@ def test_interleave_runs_each_variant_once_per_round_in_the_shuffled_order() -> 
     expected = [n for o in round_orders(["a", "b", "c"], 6) for n in o for _ in range(2)]
     assert timed == expected
     assert all(len(v) == 6 for v in t.wall_s.values()) and all(len(v) == 6 for v in t.cpu_s.values())
+
+
+def test_settle_opens_each_turn_with_untimed_calls() -> None:
+    calls: list[str] = []
+    stamps: list[float] = []
+    variants = {n: (lambda n=n: calls.append(n)) for n in ("a", "b")}
+    interleave(variants, rounds=3, inner=2, warmup=0, settle=1, sync=lambda: stamps.append(len(calls)))
+    expected = [n for o in round_orders(["a", "b"], 3) for n in o for _ in range(3)]  # 1 settle + 2 timed
+    assert calls == expected
+    assert stamps[2:4] == [1, 3]  # (after 2 warm-up syncs) synced after the settle call, then the timed block
