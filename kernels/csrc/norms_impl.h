@@ -320,6 +320,16 @@ inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, co
   }
 }
 
+// commit() of an output tile to rms_fwd's Y: T (converted through the T scratch) or float.
+template <typename T, typename Y>
+inline void commit_y(const float* tile, Y* dst, int64_t n, bool stream, T* tbuf) {
+  if constexpr (std::is_same_v<Y, T>) {
+    commit<T>(tile, dst, n, stream, tbuf);
+  } else {
+    commit<float>(tile, dst, n, stream, nullptr);
+  }
+}
+
 // llama_cast: y = round(round(x * rstd) * w) (HF LlamaRMSNorm: normalize in fp32, cast to the
 // input dtype, then multiply by the weight); otherwise y = round(x * rstd * w) (Gemma: all fp32,
 // one cast). w already holds (offset + weight) as float. Y = float on 16-bit rows is llama
@@ -355,11 +365,7 @@ void rms_fwd(const RmsFwd& a) {
             const T* nxt = nx ? nx + j0 : nullptr;
             round_n ? rms_out_row<true>(x + j0, tile, wv + j0, r, len, nxt)
                     : rms_out_row<false>(x + j0, tile, wv + j0, r, len, nxt);
-            if constexpr (std::is_same_v<Y, T>) {
-              commit<T>(tile, yp + i * n + j0, len, stream, sc.t.data());
-            } else {
-              commit<float>(tile, yp + i * n + j0, len, stream, nullptr);
-            }
+            commit_y<T>(tile, yp + i * n + j0, len, stream, sc.t.data());
           }
           continue;
         }
@@ -386,11 +392,7 @@ void rms_fwd(const RmsFwd& a) {
 #pragma omp simd
           for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r * wt[j];
         }
-        if constexpr (std::is_same_v<Y, T>) {
-          commit<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
-        } else {
-          commit<float>(yt, yp + i * n + j0, len, stream, nullptr);
-        }
+        commit_y<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
       }
     }
     if (stream || rp) fence();
