@@ -296,8 +296,8 @@ void ln_bwd(const LnBwd& a) {
 // ---------------------------------------------------------------- RMSNorm
 // y = x * r [rounded through T when RN] * w over columns [0, n): x a 16-bit row read in registers,
 // y stored as D (T or float directly, or a float tile to be streamed out), while the next row nx is
-// prefetched (as ln_out_row).
-template <bool RN, typename T, typename D>
+// prefetched (as ln_out_row). FIN: the row is finite (so is x * r): the rounding skips its NaN guard.
+template <bool RN, bool FIN, typename T, typename D>
 inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, const T* nx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
@@ -305,7 +305,7 @@ inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, co
     int64_t j = j0;
     for (; j + kW <= j1; j += kW) {
       vf v = ldv(x + j) * r;
-      if constexpr (RN) v = round_v<T>(v);
+      if constexpr (RN) v = FIN ? round_v_finite<T>(v) : round_v<T>(v);
       stv(y + j, v * ld(w + j));
     }
     for (; j < j1; ++j) {
@@ -319,6 +319,10 @@ inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, co
     }
   }
 }
+
+// A row whose rstd r is finite and positive holds only finite values (a NaN gives r = NaN, an Inf
+// r = 0, an all-zero row with eps = 0 r = Inf), and so does x * r.
+inline bool finite_row(float r) { return r > 0.f && r <= std::numeric_limits<float>::max(); }
 
 // commit() of an output tile to rms_fwd's Y: T (converted through the T scratch) or float.
 template <typename T, typename Y>
@@ -356,15 +360,18 @@ void rms_fwd(const RmsFwd& a) {
           const T* nx = i + kPrefetchRows < end ? x + kPrefetchRows * n : nullptr;
           const float r = 1.0f / std::sqrt(row_sumsq(x, n) * inv_n + static_cast<float>(a.eps));
           a.rstd[i] = r;
+          auto out = [&](const T* xs, auto* ys, const float* ws, int64_t len, const T* nxs) {
+            if (!round_n) rms_out_row<false, true>(xs, ys, ws, r, len, nxs);
+            else if (finite_row(r)) rms_out_row<true, true>(xs, ys, ws, r, len, nxs);
+            else rms_out_row<true, false>(xs, ys, ws, r, len, nxs);
+          };
           if (!stream) {
-            round_n ? rms_out_row<true>(x, yp + i * n, wv, r, n, nx) : rms_out_row<false>(x, yp + i * n, wv, r, n, nx);
+            out(x, yp + i * n, wv, n, nx);
             continue;
           }
           for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // streamed: float tiles, then non-temporal stores
             const int64_t len = std::min(kTile, n - j0);
-            const T* nxt = nx ? nx + j0 : nullptr;
-            round_n ? rms_out_row<true>(x + j0, tile, wv + j0, r, len, nxt)
-                    : rms_out_row<false>(x + j0, tile, wv + j0, r, len, nxt);
+            out(x + j0, tile, wv + j0, len, nx ? nx + j0 : nullptr);
             commit_y<T>(tile, yp + i * n + j0, len, stream, sc.t.data());
           }
           continue;
@@ -382,7 +389,11 @@ void rms_fwd(const RmsFwd& a) {
         float* yt = tile_for<Y>(yp + i * n + j0, tile, stream);
         if (round_n) {  // HF llama: round the normalized value to T (in registers) before the weight
           int64_t j = 0;
-          for (; j + kW <= len; j += kW) st(yt + j, round_v<T>(ld(xt + j) * r) * ld(wt + j));
+          const bool fin = finite_row(r);
+          for (; j + kW <= len; j += kW) {
+            const vf v = ld(xt + j) * r;
+            st(yt + j, (fin ? round_v_finite<T>(v) : round_v<T>(v)) * ld(wt + j));
+          }
           for (; j < len; ++j) {
             T t;
             st1(&t, xt[j] * r);
@@ -403,8 +414,8 @@ void rms_fwd(const RmsFwd& a) {
 // One row at a time with the next row prefetched, as the LayerNorm backward (measured there: 4-row
 // blocks spilled L1 at N = 768). dx = r * (dy * w - x * c1) [+ da]; pw += dy * x * r, or with NH
 // (HF llama casting of 16-bit rows) pw += dy * n_hat with n_hat = x * r rounded through T, as the
-// weight saw it in the forward.
-template <typename T, bool A, bool NH, typename D, typename G>
+// weight saw it in the forward; FIN: the row is finite (finite_row), the rounding skips its NaN guard.
+template <typename T, bool A, bool NH, bool FIN, typename D, typename G>
 inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw, float r,
                         float c1, int64_t n, const T* nx, const G* ndy) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
@@ -418,7 +429,7 @@ inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D*
       if constexpr (A) o += ldv(da + j);
       stv(dx + j, o);
       if constexpr (NH) {
-        st(pw + j, ld(pw + j) + d * round_v<T>(xv * r));
+        st(pw + j, ld(pw + j) + d * (FIN ? round_v_finite<T>(xv * r) : round_v<T>(xv * r)));
       } else {
         st(pw + j, ld(pw + j) + d * xv * r);
       }
@@ -469,13 +480,16 @@ void rms_bwd(const RmsBwd& a) {
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const G* ndy = ip < i1 ? dyp + ip * n : nullptr;
+        const bool fin = finite_row(r);
         auto row = [&](auto* dx) {
           if (da) {
-            round_n ? rms_bwd_row<T, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
-                    : rms_bwd_row<T, true, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
+            !round_n ? rms_bwd_row<T, true, false, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
+            : fin    ? rms_bwd_row<T, true, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
+                     : rms_bwd_row<T, true, true, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
           } else {
-            round_n ? rms_bwd_row<T, false, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
-                    : rms_bwd_row<T, false, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
+            !round_n ? rms_bwd_row<T, false, false, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
+            : fin    ? rms_bwd_row<T, false, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
+                     : rms_bwd_row<T, false, true, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
           }
         };
         if (stream) {

@@ -153,6 +153,21 @@ inline vf round_v(vf v) {
   }
 }
 
+// round_v for finite lanes only (the caller knows the row is finite): bf16 without the NaN guard.
+template <typename T>
+inline vf round_v_finite(vf v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    vu u;
+    std::memcpy(&u, &v, sizeof(u));
+    const vu bits = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    vf f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  } else {
+    return round_v<T>(v);
+  }
+}
+
 // memcpy whose aligned middle uses non-temporal stores (no read-for-ownership of dst lines).
 // The caller ends its work with fence().
 inline void stream_copy(void* dst, const void* src, int64_t bytes) {
