@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, validate
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, register_kernel
+from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, register_kernel
 
 def reduce_rows(loss_rows: torch.Tensor, valid: torch.Tensor, reduction: str,
                 dtype: torch.dtype) -> torch.Tensor:
@@ -106,7 +106,7 @@ SPEC = register_kernel(KernelSpec(
     name="cross_entropy",
     reference=_reference,
     providers={"cpu": _fused("cpu"), "triton": _fused("triton"), "aten": _aten},
-    supports=Supports(dtypes=(torch.float32, torch.bfloat16, torch.float16)),
+    supports=Supports(dtypes=FLOAT_DTYPES),
     cost=_cost,
     description="log-softmax + NLL (+ label smoothing, ignore_index) fused, fwd and bwd",
 ))

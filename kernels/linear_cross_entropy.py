@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, validate
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
 def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
@@ -166,7 +166,7 @@ SPEC = register_kernel(KernelSpec(
     name="fused_linear_cross_entropy",
     reference=_reference,
     providers={"cpu": _provider("cpu"), "triton": _provider("triton"), "aten": _provider("aten")},
-    supports=Supports(dtypes=(torch.float32, torch.bfloat16, torch.float16)),
+    supports=Supports(dtypes=FLOAT_DTYPES),
     cost=_cost,
     description="linear + cross-entropy in token chunks; the [N, V] logits never exist",
 ))

@@ -53,9 +53,12 @@ class Cost:
         return max(self.bytes_unfused - self.bytes_fused, 0.0)
 
 
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)  # what the kernels take
+
+
 @dataclass(frozen=True)
 class Supports:
-    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     devices: tuple[str, ...] = ("cpu", "cuda")
     # Optional extra check on the call's arguments: returns None if fine, else a reason string.
     check: Callable[..., str | None] | None = None

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from kernels.providers import provider_ops
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
 # ---------------------------------------------------------------- reference (the truth for tests)
@@ -94,9 +94,6 @@ class _RopeFn(torch.autograd.Function):
         return None, gq, gk, None, None
 
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _out_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.dtype:
     """The dtype eager gives `x * cos + rotate_half(x) * sin`: fp32 tables promote a bf16 x."""
     return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
@@ -105,7 +102,7 @@ def _out_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.d
 def _provider(name: str):
     def run(q, k, cos, sin):
         ops = _ops(name)
-        q, k = (t if t.dtype == _out_dtype(t, cos, sin) else t.to(_out_dtype(t, cos, sin)) for t in (q, k))
+        q, k = (t.to(_out_dtype(t, cos, sin)) for t in (q, k))  # no copy when the dtype is kept
         cos32, sin32 = _table(cos), _table(sin)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return _RopeFn.apply(ops, q, k, cos32, sin32)
@@ -124,7 +121,7 @@ def _check(q, k, cos, sin) -> str | None:
     if d % 2:
         return f"head_dim {d} is odd: rotate-half needs two equal halves"
     for t in (q, k, cos, sin):
-        if t.dtype not in _DTYPES or _out_dtype(t, cos, sin) not in _DTYPES:
+        if t.dtype not in FLOAT_DTYPES or _out_dtype(t, cos, sin) not in FLOAT_DTYPES:
             return f"dtypes q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}: only the reference runs float64"
     if cos.requires_grad or sin.requires_grad:
         return "cos/sin require grad: only the reference differentiates them"

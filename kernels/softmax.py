@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from kernels.providers import provider_ops
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
 # ---------------------------------------------------------------- reference (the truth for tests)
@@ -123,14 +123,11 @@ def _aten(x, dim=-1, scale=1.0, mask=None, causal=False):
 
 
 # ---------------------------------------------------------------- support checks and costs
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _check(x, dim=-1, scale=1.0, mask=None, causal=False) -> str | None:
     if x.dim() == 0:
         return "softmax of a 0-d tensor"
     if mask is not None:
-        if torch.promote_types(mask.dtype, x.dtype) not in _DTYPES:
+        if torch.promote_types(mask.dtype, x.dtype) not in FLOAT_DTYPES:
             return f"mask dtype {mask.dtype} with x {x.dtype} promotes to float64: only the reference runs it"
         if mask.device != x.device:
             return f"mask on {mask.device}, x on {x.device}"
