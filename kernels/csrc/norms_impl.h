@@ -294,14 +294,15 @@ void ln_bwd(const LnBwd& a) {
 }
 
 // ---------------------------------------------------------------- RMSNorm
-// y = x * r [rounded through T when RN] * w over columns [0, n): x a 16-bit row read in registers,
-// y stored as D (T or float directly, or a float tile to be streamed out), while the next row nx is
-// prefetched (as ln_out_row). FIN: the row is finite (so is x * r): the rounding skips its NaN guard.
-template <bool RN, bool FIN, typename T, typename D>
-inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, const T* nx) {
+// y = x * r [rounded through T when RN] * w over columns [0, n): x a row of S (a 16-bit row read in
+// registers, or a float row), y stored as D (T or float directly, or a float tile to be streamed
+// out), while the next row nx (or none) is prefetched (as ln_out_row). FIN: the row is finite (so
+// is x * r): the rounding skips its NaN guard.
+template <typename T, bool RN, bool FIN, typename S, typename D>
+inline void rms_out_row(const S* x, D* y, const float* w, float r, int64_t n, const S* nx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
-    prefetch_cols<T>(nx, j0, j1 - j0);
+    prefetch_cols<S>(nx, j0, j1 - j0);
     int64_t j = j0;
     for (; j + kW <= j1; j += kW) {
       vf v = ldv(x + j) * r;
@@ -323,6 +324,14 @@ inline void rms_out_row(const T* x, D* y, const float* w, float r, int64_t n, co
 // A row whose rstd r is finite and positive holds only finite values (a NaN gives r = NaN, an Inf
 // r = 0, an all-zero row with eps = 0 r = Inf), and so does x * r.
 inline bool finite_row(float r) { return r > 0.f && r <= std::numeric_limits<float>::max(); }
+
+// rms_out_row for a row with rstd r: llama's rounding through T (round_n) unguarded on finite rows.
+template <typename T, typename S, typename D>
+inline void rms_out(bool round_n, float r, const S* x, D* y, const float* w, int64_t n, const S* nx) {
+  if (!round_n) rms_out_row<T, false, true>(x, y, w, r, n, nx);
+  else if (finite_row(r)) rms_out_row<T, true, true>(x, y, w, r, n, nx);
+  else rms_out_row<T, true, false>(x, y, w, r, n, nx);
+}
 
 // commit() of an output tile to rms_fwd's Y: T (converted through the T scratch) or float.
 template <typename T, typename Y>
@@ -360,18 +369,13 @@ void rms_fwd(const RmsFwd& a) {
           const T* nx = i + kPrefetchRows < end ? x + kPrefetchRows * n : nullptr;
           const float r = 1.0f / std::sqrt(row_sumsq(x, n) * inv_n + static_cast<float>(a.eps));
           a.rstd[i] = r;
-          auto out = [&](const T* xs, auto* ys, const float* ws, int64_t len, const T* nxs) {
-            if (!round_n) rms_out_row<false, true>(xs, ys, ws, r, len, nxs);
-            else if (finite_row(r)) rms_out_row<true, true>(xs, ys, ws, r, len, nxs);
-            else rms_out_row<true, false>(xs, ys, ws, r, len, nxs);
-          };
           if (!stream) {
-            out(x, yp + i * n, wv, n, nx);
+            rms_out<T>(round_n, r, x, yp + i * n, wv, n, nx);
             continue;
           }
           for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // streamed: float tiles, then non-temporal stores
             const int64_t len = std::min(kTile, n - j0);
-            out(x + j0, tile, wv + j0, len, nx ? nx + j0 : nullptr);
+            rms_out<T>(round_n, r, x + j0, tile, wv + j0, len, nx ? nx + j0 : nullptr);
             commit_y<T>(tile, yp + i * n + j0, len, stream, sc.t.data());
           }
           continue;
@@ -385,24 +389,8 @@ void rms_fwd(const RmsFwd& a) {
       a.rstd[i] = r;
       for (int64_t j0 = 0; j0 < n; j0 += kTile) {
         const int64_t len = std::min(kTile, n - j0);
-        const float *xt = xr + j0, *wt = wv + j0;
         float* yt = tile_for<Y>(yp + i * n + j0, tile, stream);
-        if (round_n) {  // HF llama: round the normalized value to T (in registers) before the weight
-          int64_t j = 0;
-          const bool fin = finite_row(r);
-          for (; j + kW <= len; j += kW) {
-            const vf v = ld(xt + j) * r;
-            st(yt + j, (fin ? round_v_finite<T>(v) : round_v<T>(v)) * ld(wt + j));
-          }
-          for (; j < len; ++j) {
-            T t;
-            st1(&t, xt[j] * r);
-            yt[j] = ld1(&t) * wt[j];
-          }
-        } else {
-#pragma omp simd
-          for (int64_t j = 0; j < len; ++j) yt[j] = xt[j] * r * wt[j];
-        }
+        rms_out<T>(round_n, r, xr + j0, yt, wv + j0, len, static_cast<const float*>(nullptr));
         commit_y<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
       }
     }
