@@ -22,15 +22,7 @@ from tests.kernels.numerics import (DTYPES, REPO_ROOT, check_against_reference, 
 SHAPES = ((1, 3), (1, 8), (3, 5), (17, 4099), (2, 32000), (4, 1))
 
 
-@pytest.fixture(autouse=True)
-def _cpu_provider(request) -> None:
-    """The CPU tests need the C++ extension; the CUDA (Triton) tests neither wait for its build nor
-    get skipped when it fails."""
-    if "cuda" in request.node.name:
-        return
-    reason = kernels.available_providers()["cpu"]
-    if reason:
-        pytest.skip(f"cpu provider unavailable: {reason}")
+pytestmark = pytest.mark.usefixtures("cpu_provider")
 
 
 def targets(n: int, v: int, seed: int = 0, ignore_rows: tuple[int, ...] = (1,)) -> torch.Tensor:

@@ -14,11 +14,7 @@ from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches,
                                     to_f64, with_nonfinite)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cpu_provider() -> None:
-    reason = kernels.available_providers()["cpu"]
-    if reason:
-        pytest.skip(f"cpu provider unavailable: {reason}")
+pytestmark = pytest.mark.usefixtures("cpu_provider")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

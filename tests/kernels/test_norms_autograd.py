@@ -17,11 +17,7 @@ from tests.kernels.norm_cases import CASES
 from tests.kernels.numerics import fwd_bwd, make, poisoned, to_f64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cpu_provider() -> None:
-    reason = kernels.available_providers()["cpu"]
-    if reason:
-        pytest.skip(f"cpu provider unavailable: {reason}")
+pytestmark = pytest.mark.usefixtures("cpu_provider")
 
 
 @pytest.fixture

@@ -19,15 +19,7 @@ SHAPES = ((), (1,), (7, 3), (1001,), (64, 65), (3, 1, 5))
 STEPS = 100
 
 
-@pytest.fixture(autouse=True)
-def _cpu_provider(request) -> None:
-    """The CPU tests need the C++ extension; the CUDA (Triton) tests neither wait for its build nor
-    get skipped when it fails."""
-    if "cuda" in request.node.name:
-        return
-    reason = kernels.available_providers()["cpu"]
-    if reason:
-        pytest.skip(f"cpu provider unavailable: {reason}")
+pytestmark = pytest.mark.usefixtures("cpu_provider")
 
 
 def initial(shapes=SHAPES, seed: int = 0) -> list[torch.Tensor]:
