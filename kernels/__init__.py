@@ -3,7 +3,8 @@
 Public API (stable names; each function takes an optional `provider=` keyword):
 layer_norm, rms_norm, add_layer_norm, add_rms_norm, bias_gelu, gelu, swiglu, geglu, softmax,
 rope, cross_entropy, fused_linear_cross_entropy, AdamW, LAMB, KERNELS, available_providers,
-provider_choice (which provider a call gets, chosen by measurement: see kernels/tuning.py).
+provider_choice (which provider a call gets, chosen by measurement: see kernels/tuning.py),
+output_pool_stats / empty_output_pool (the pool that large CPU outputs come from: kernels/_alloc.py).
 
 Importing the package imports every kernel family module (they import only torch and the
 registry) but compiles nothing and queries no device: the C++ extension is built on the first
@@ -21,13 +22,15 @@ from kernels.rope import rope
 from kernels.cross_entropy import cross_entropy, fused_linear_cross_entropy
 from kernels.optim import LAMB, AdamW
 from kernels.tuning import provider_choice
+from kernels._alloc import empty_output_pool, output_pool_stats
 
 FAMILIES: tuple[str, ...] = ("kernels.norms", "kernels.activations", "kernels.softmax",
                              "kernels.rope", "kernels.cross_entropy", "kernels.optim")
 
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "gelu",
            "swiglu", "geglu", "softmax", "rope", "cross_entropy", "fused_linear_cross_entropy",
-           "AdamW", "LAMB", "KERNELS", "available_providers", "provider_choice", "load_all"]
+           "AdamW", "LAMB", "KERNELS", "available_providers", "provider_choice", "load_all",
+           "output_pool_stats", "empty_output_pool"]
 
 
 def load_all() -> dict:

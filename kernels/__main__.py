@@ -40,7 +40,17 @@ def inventory(build: bool = True) -> dict[str, Any]:
         rows.append({"name": name, "providers": [p for p in names if p in spec.providers or p == "reference"],
                      "dtypes": [_dtype_name(d) for d in spec.supports.dtypes],
                      "devices": list(spec.supports.devices), "description": spec.description})
-    return {"providers": providers, "kernels": rows}
+    return {"providers": providers, "kernels": rows, "allocation": allocation()}
+
+
+def allocation() -> dict[str, Any]:
+    """How large CPU kernel outputs are allocated here: the output pool and huge-page advice."""
+    from kernels import _alloc
+
+    pool, huge = _alloc.pool_status(), _alloc.hugepage_status()
+    return {"output_pool": {"on": pool is None, "reason": pool, "cap_bytes": _alloc.pool_cap_bytes(),
+                            "min_bytes": _alloc.POOL_MIN_BYTES},
+            "hugepages": {"on": huge is None, "reason": huge}}
 
 
 def render(inv: dict[str, Any]) -> str:
@@ -56,6 +66,12 @@ def render(inv: dict[str, Any]) -> str:
         lines.append(f"  {k['name']:<{width}}  {provs:<34} {'/'.join(k['devices']):<9} {', '.join(k['dtypes'])}")
         if k["description"]:
             lines.append(f"  {'':<{width}}  {k['description']}")
+    alloc = inv.get("allocation")
+    if alloc:
+        pool, huge = alloc["output_pool"], alloc["hugepages"]
+        lines += ["", f"CPU outputs of {pool['min_bytes'] >> 20} MiB or more: output pool "
+                  + (f"on (keeps up to {pool['cap_bytes'] / 2**20:.0f} MiB idle)" if pool["on"] else f"off: {pool['reason']}")
+                  + "; huge-page advice " + ("on" if huge["on"] else f"off: {huge['reason']}")]
     return "\n".join(lines)
 
 

@@ -20,10 +20,19 @@ before anything touches it, turns those into one fault per 2 MiB (~4x cheaper fi
   to the host, so about 1 first touch in 5 lands on one and costs host faults (100 MB: 80-150 ms
   instead of 11 ms; 4 KiB pages: a steady ~43 ms). Bare metal and VMs without page reporting
   do not have this; FUSIONLENS_HUGEPAGES=0 is the switch where it matters.
+
+Once the C++ extension is loaded (`attach_pool`), CPU outputs of `POOL_MIN_BYTES` or more come
+from its caching pool instead (kernels/csrc/pool.h): a freed output's block is kept and handed to
+the next output that fits, so steady-state calls write to memory that is already mapped. The pool
+keeps at most `pool_cap_bytes()` of idle blocks (FUSIONLENS_CPU_POOL_MB; default the smaller of
+1 GiB and 1/8 of RAM), least recently freed out first; `empty_output_pool()` gives them back, and
+FUSIONLENS_CPU_POOL=0 turns it off (read per call). Peak memory is unchanged (a block is reused
+only once its tensor is gone); what it costs is the idle blocks it holds between calls.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 import threading
@@ -36,9 +45,12 @@ HUGEPAGE_MIN_BYTES = 4 << 20  # measured: below this the aligned interior is < 1
 MADV_HUGEPAGE = 14  # <asm-generic/mman-common.h>, the same on every Linux architecture
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 THP_PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+POOL_MIN_BYTES = HUGEPAGE_MIN_BYTES  # smaller outputs: glibc's reused heap serves them without faults
+POOL_CAP_DEFAULT = 1 << 30
 
 _lock = threading.Lock()
 _probe: tuple[object, int, str | None] | None = None  # (madvise fn or None, huge page bytes, reason)
+_pool_op = None  # torch.ops.fusionlens.empty_pooled.default once the extension is loaded
 
 
 def _thp_mode(text: str) -> str:
@@ -127,10 +139,71 @@ def advise_hugepages(t: torch.Tensor) -> bool:
     return True
 
 
+def pool_enabled_by_env() -> bool:
+    """False when FUSIONLENS_CPU_POOL=0 (or 'false'/'off'/'no')."""
+    return os.environ.get("FUSIONLENS_CPU_POOL", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def pool_cap_bytes() -> int:
+    """The most idle memory the pool keeps: FUSIONLENS_CPU_POOL_MB, else min(1 GiB, RAM / 8)."""
+    env = os.environ.get("FUSIONLENS_CPU_POOL_MB", "").strip()
+    if env:
+        try:
+            return max(int(float(env) * (1 << 20)), 0)
+        except ValueError:
+            raise ValueError(f"FUSIONLENS_CPU_POOL_MB must be a number of MiB, not {env!r}") from None
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return POOL_CAP_DEFAULT
+    return min(POOL_CAP_DEFAULT, ram // 8)
+
+
+def attach_pool() -> None:
+    """Called once the C++ extension is loaded: configure its pool and route large CPU outputs to it."""
+    global _pool_op
+    ops = torch.ops.fusionlens
+    ops.pool_configure(pool_cap_bytes(), POOL_MIN_BYTES, hugepage_status() is None)
+    _pool_op = ops.empty_pooled.default
+
+
+def pool_status() -> str | None:
+    """None when large CPU outputs come from the pool, else the reason they do not."""
+    if not pool_enabled_by_env():
+        return "turned off by FUSIONLENS_CPU_POOL=0"
+    if _pool_op is None:
+        return "the C++ extension (which holds the pool) is not loaded"
+    return None
+
+
+def pool_min_bytes() -> int:
+    """The smallest output the pool serves now; 0 when it is off (norm_train's argument)."""
+    return POOL_MIN_BYTES if pool_status() is None else 0
+
+
+def output_pool_stats() -> dict[str, int]:
+    """The pool's counters: idle bytes and blocks held, bytes of live pooled outputs, hits, misses,
+    bytes evicted, cap and minimum size. All zero before the C++ extension is loaded."""
+    keys = ("held_bytes", "held_blocks", "live_bytes", "hits", "misses", "evicted_bytes", "cap_bytes", "min_bytes")
+    if _pool_op is None:
+        return dict.fromkeys(keys, 0)
+    return dict(zip(keys, torch.ops.fusionlens.pool_stats()))
+
+
+def empty_output_pool() -> int:
+    """Give every idle pooled block back to the OS (as torch.cuda.empty_cache); returns the bytes freed."""
+    return int(torch.ops.fusionlens.pool_empty()) if _pool_op is not None else 0
+
+
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised contiguous tensor for a kernel output (huge-page advice when large, see above)."""
+    """An uninitialised contiguous tensor for a kernel output: from the pool when large and on the
+    CPU, else torch.empty with huge-page advice when large (see above)."""
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= POOL_MIN_BYTES and _pool_op is not None and pool_enabled_by_env():
+        return _pool_op(shape, dtype)
     out = torch.empty(shape, dtype=dtype, device=device)
-    if (out.device.type == "cpu" and out.numel() * out.element_size() >= HUGEPAGE_MIN_BYTES
-            and hugepages_enabled_by_env()):
+    if nbytes >= HUGEPAGE_MIN_BYTES and hugepages_enabled_by_env():
         advise_hugepages(out)
     return out

@@ -129,6 +129,9 @@ def load_cpu_ops(verbose: bool = False) -> None:
                 raise RuntimeError(_failure_summary(exc, build_dir)) from exc
         _mark_used(build_dir)
         _prune_builds(build_dir)
+        from kernels import _alloc
+
+        _alloc.attach_pool()  # large CPU outputs come from the extension's pool from now on
         _loaded = True
 
 

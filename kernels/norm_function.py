@@ -149,22 +149,24 @@ _OPS_CACHE: dict[str, Any] = {}
 _NORM_TRAIN: Any = None  # torch.ops.fusionlens.norm_train.default, once the cpu ops are loaded
 
 
-def _hugepage_policy(x: torch.Tensor) -> tuple[int, int]:
-    """(min bytes, huge page bytes) of kernels/_alloc's advice for norm_train's outputs; (0, 0): none.
+def _alloc_policy(x: torch.Tensor) -> tuple[int, int, int]:
+    """(huge-page min bytes, huge page bytes, pool min bytes) of kernels/_alloc's policy for
+    norm_train's outputs; zeros: plain allocation.
 
     No output is larger than x but the per-column grads ([N] fp32), so below the threshold the
     environment and the probe are not read."""
     if x.numel() * x.element_size() < _alloc.HUGEPAGE_MIN_BYTES and x.shape[-1] * 4 < _alloc.HUGEPAGE_MIN_BYTES:
-        return 0, 0
+        return 0, 0, 0
+    pool_min = _alloc.pool_min_bytes()
     if _alloc.hugepage_status() is not None:
-        return 0, 0
-    return _alloc.HUGEPAGE_MIN_BYTES, _alloc.hugepage_bytes()
+        return 0, 0, pool_min
+    return _alloc.HUGEPAGE_MIN_BYTES, _alloc.hugepage_bytes(), pool_min
 
 
 def _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast):
     """Forward with the C++ autograd node (`fusionlens::norm_train`); same outputs as `_FusedNorm`."""
     s, y = _NORM_TRAIN(x, residual, weight, bias, eps, offset, kind == "rms", llama_cast, poisoning(),
-                       *_hugepage_policy(x))
+                       *_alloc_policy(x))
     return y if residual is None else (s, y)
 
 

@@ -7,7 +7,7 @@ naive (the eager reference composition, which is what HF-style code runs), aten 
 F.rms_norm), ours (provider="cpu"), ours_prealloc (the same C++ ops called directly with outputs
 allocated once: the kernel's own speed, without Python dispatch and without first-touch page
 faults of fresh outputs) and torch.compile of the reference (added by the driver).
-FL_BENCH_QUICK=1 uses 1024 x 768 only. FL_BENCH_PARAM_DTYPE=float32 keeps weight and bias in fp32
+FL_BENCH_QUICK=1 uses 1024 x 768 only; FL_BENCH_SHAPES=4096x768 picks shapes. FL_BENCH_PARAM_DTYPE=float32 keeps weight and bias in fp32
 with a bf16/fp16 x (mixed precision; the dtype column reads e.g. "bfloat16/float32 params"). `gpu_cases` / `gpu_checks` serve the GPU check (Triton
 provider at 16384 x 4096, plus Liger-Kernel and apex when importable).
 """
@@ -181,6 +181,9 @@ def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool, devic
 def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
     shapes = [(1024, 768)] if quick else [(4096, 768), (4096, 4096)]
+    wanted = os.environ.get("FL_BENCH_SHAPES")  # e.g. "4096x768"
+    if wanted:
+        shapes = [(m, n) for (m, n) in shapes if f"{m}x{n}" in wanted.split(",")]
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
     kernel_names = os.environ.get("FL_BENCH_NORMS", "layer_norm,rms_norm,add_rms_norm").split(",")
     pdt = os.environ.get("FL_BENCH_PARAM_DTYPE")

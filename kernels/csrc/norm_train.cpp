@@ -1,11 +1,13 @@
 // fusionlens::norm_train: LayerNorm/RMSNorm (optionally after the residual add) with its autograd
 // node in C++. The Python autograd.Function in kernels/norm_function.py cost ~75 us a step more
 // than ATen's C++ node (benchmarks/results/kernels_norms_cpu.md). Same kernels (norms.cpp, through
-// norms.h), same outputs; the allocation policy (NaN poisoning in tests, huge-page advice for
-// large outputs) is decided in Python (kernels/registry.py, kernels/_alloc.py) and passed in.
+// norms.h), same outputs; the allocation policy (NaN poisoning in tests, the output pool or
+// huge-page advice for large outputs) is decided in Python (kernels/registry.py, kernels/_alloc.py)
+// and passed in.
 // Its own translation unit: the autograd headers are not parsed with the per-ISA loops, and the
 // two compile in parallel.
 #include "norms.h"
+#include "pool.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -26,15 +28,17 @@ namespace {
 struct AllocPolicy {
   bool poison;
   int64_t hugepage_min_bytes, hugepage_bytes;  // hugepage_bytes 0: no advice
+  int64_t pool_min_bytes;                      // 0: the pool is off
 };
 
-// A contiguous output: madvise(MADV_HUGEPAGE) on its aligned interior when large (as
-// kernels/_alloc.py does), NaN-filled when poisoning.
+// A contiguous output, as kernels/_alloc.py allocates one: from the pool when large, else with
+// madvise(MADV_HUGEPAGE) on its aligned interior when large; NaN-filled when poisoning.
 at::Tensor new_out(at::IntArrayRef shape, const at::TensorOptions& opt, const AllocPolicy& p) {
-  at::Tensor t = at::empty(shape, opt);
+  const int64_t nbytes = c10::multiply_integers(shape) * static_cast<int64_t>(c10::elementSize(opt.dtype().toScalarType()));
+  const bool pooled = p.pool_min_bytes > 0 && nbytes >= p.pool_min_bytes;
+  at::Tensor t = pooled ? empty_pooled(shape, opt.dtype().toScalarType()) : at::empty(shape, opt);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
-  if (p.hugepage_bytes > 0 && nbytes >= p.hugepage_min_bytes) {
+  if (!pooled && p.hugepage_bytes > 0 && nbytes >= p.hugepage_min_bytes) {
     const uintptr_t ptr = reinterpret_cast<uintptr_t>(t.data_ptr()), page = p.hugepage_bytes;
     const uintptr_t start = (ptr + page - 1) / page * page, end = (ptr + nbytes) / page * page;
     if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);  // advice only
@@ -100,9 +104,9 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const c10::optional<at::Tensor>& res,
                                const c10::optional<at::Tensor>& w, const c10::optional<at::Tensor>& b, double eps,
                                double offset, bool rms, bool llama_cast, bool poison, int64_t hp_min,
-                               int64_t hp_bytes) {
+                               int64_t hp_bytes, int64_t pool_min) {
     const at::Tensor residual = value_or_undefined(res), weight = value_or_undefined(w), bias = value_or_undefined(b);
-    TrainFwd o = train_forward(x, residual, weight, bias, eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes});
+    TrainFwd o = train_forward(x, residual, weight, bias, eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes, pool_min});
     std::vector<int64_t> edges{0, -1, -1, -1};
     int64_t next = 1;
     for (int i = 1; i < 4; ++i) {
@@ -113,7 +117,7 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
     ctx->save_for_backward({o.src, o.w_eff, o.mean, o.rstd});
     ctx->saved_data["shape"] = x.sizes().vec();
     ctx->saved_data["flags"] = std::vector<bool>{rms, llama_cast, residual.defined(), poison};
-    ctx->saved_data["hp"] = std::vector<int64_t>{hp_min, hp_bytes};
+    ctx->saved_data["hp"] = std::vector<int64_t>{hp_min, hp_bytes, pool_min};
     ctx->saved_data["w_dtype"] = weight.defined() ? weight.scalar_type() : at::kFloat;
     ctx->saved_data["b_dtype"] = bias.defined() ? bias.scalar_type() : at::kFloat;
     if (!residual.defined()) ctx->mark_non_differentiable({o.sum});
@@ -128,7 +132,7 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
     const auto flags = ctx->saved_data["flags"].toBoolList();
     const bool rms = flags[0], llama_cast = flags[1], fused_add = flags[2];
     const auto hp = ctx->saved_data["hp"].toIntVector();
-    const AllocPolicy p{flags[3], hp[0], hp[1]};
+    const AllocPolicy p{flags[3], hp[0], hp[1], hp[2]};
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const at::Tensor dsum = fused_add ? grads[0] : at::Tensor(), dy = grads[1];
     const int64_t m = src.size(0), n = src.size(1);
@@ -157,7 +161,7 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
       }
       dx = dx.view(shape);
     }
-    variable_list out(11);
+    variable_list out(12);  // one per forward argument
     if (need_x) out[0] = dx;
     if (need_r) out[1] = dx;
     if (need_w) out[2] = dw.to(ctx->saved_data["w_dtype"].toScalarType());
@@ -171,9 +175,9 @@ std::tuple<at::Tensor, at::Tensor> norm_train_cpu(const at::Tensor& x, const c10
                                                   const c10::optional<at::Tensor>& weight,
                                                   const c10::optional<at::Tensor>& bias, double eps, double offset,
                                                   bool rms, bool llama_cast, bool poison, int64_t hp_min,
-                                                  int64_t hp_bytes) {
+                                                  int64_t hp_bytes, int64_t pool_min) {
   TrainFwd o = train_forward(x, value_or_undefined(residual), value_or_undefined(weight), value_or_undefined(bias),
-                             eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes});
+                             eps, offset, rms, llama_cast, {poison, hp_min, hp_bytes, pool_min});
   return {o.sum, o.y};
 }
 
@@ -181,12 +185,12 @@ std::tuple<at::Tensor, at::Tensor> norm_train_autograd(const at::Tensor& x, cons
                                                        const c10::optional<at::Tensor>& weight,
                                                        const c10::optional<at::Tensor>& bias, double eps,
                                                        double offset, bool rms, bool llama_cast, bool poison,
-                                                       int64_t hp_min, int64_t hp_bytes) {
+                                                       int64_t hp_min, int64_t hp_bytes, int64_t pool_min) {
   const auto grad = [](const c10::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || grad(residual) || grad(weight) || grad(bias))) {
-    return norm_train_cpu(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
+    return norm_train_cpu(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes, pool_min);
   }
-  auto out = NormTrain::apply(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes);
+  auto out = NormTrain::apply(x, residual, weight, bias, eps, offset, rms, llama_cast, poison, hp_min, hp_bytes, pool_min);
   return {out[0], out[1]};
 }
 
@@ -196,7 +200,8 @@ std::tuple<at::Tensor, at::Tensor> norm_train_autograd(const at::Tensor& x, cons
 TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
   // (sum [0] without a residual, y); rms: RMSNorm (weight_eff = offset + weight), else LayerNorm.
   m.def("norm_train(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, float offset, bool rms, "
-        "bool llama_cast, bool poison=False, int hugepage_min_bytes=0, int hugepage_bytes=0) -> (Tensor, Tensor)");
+        "bool llama_cast, bool poison=False, int hugepage_min_bytes=0, int hugepage_bytes=0, int pool_min_bytes=0) "
+        "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusionlens, CPU, m) {

@@ -1,4 +1,5 @@
-"""Kernel output allocation (`kernels/_alloc.py`): huge-page advice for large CPU outputs.
+"""Kernel output allocation (`kernels/_alloc.py`): huge-page advice for large CPU outputs, and the
+output pool (kernels/csrc/pool.cpp) they come from once the C++ extension is loaded (at the end).
 
 The truth for "the advice is applied" is the kernel's own view of the mapping: the VMA that holds
 the buffer's 2 MiB-aligned interior carries the `hg` flag (MADV_HUGEPAGE) in /proc/self/smaps and,
@@ -65,7 +66,9 @@ def interior_start(t: torch.Tensor) -> int:
 
 @pytest.fixture
 def advice_on(monkeypatch):
+    """The plain-allocation road (pool off), with huge-page advice on."""
     monkeypatch.delenv("FUSIONLENS_HUGEPAGES", raising=False)
+    monkeypatch.setenv("FUSIONLENS_CPU_POOL", "0")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32], ids=str)
@@ -179,3 +182,193 @@ def test_aligned_interior() -> None:
     assert _alloc.aligned_interior(mb2 + 64, mb2) == (2 * mb2, 0)
     start, length = _alloc.aligned_interior(12345 * 4096 + 64, 4 << 20)  # any 4 MiB holds a block
     assert start % mb2 == 0 and length >= mb2
+
+
+# --- the output pool ------------------------------------------------------------------------
+MIB = 1 << 20
+
+
+@pytest.fixture
+def pool(cpu_provider, monkeypatch):
+    """The pool on, emptied, with its configuration restored afterwards."""
+    from kernels._build import load_cpu_ops
+
+    load_cpu_ops()
+    monkeypatch.delenv("FUSIONLENS_CPU_POOL", raising=False)
+    monkeypatch.delenv("FUSIONLENS_CPU_POOL_MB", raising=False)
+    _alloc.attach_pool()
+    _alloc.empty_output_pool()
+    yield torch.ops.fusionlens
+    _alloc.attach_pool()
+    _alloc.empty_output_pool()
+
+
+def stats() -> dict[str, int]:
+    return _alloc.output_pool_stats()
+
+
+def fp32(mib: float) -> tuple[int]:
+    return (int(mib * MIB) // 4,)
+
+
+def test_a_freed_output_block_is_handed_out_again(pool) -> None:
+    assert _alloc.pool_status() is None
+    a = _alloc.empty(fp32(8), torch.float32, CPU)
+    ptr, before = a.data_ptr(), stats()
+    assert ptr % (2 * MIB) == 0 and before["live_bytes"] >= 8 * MIB
+    del a
+    assert stats()["held_bytes"] == before["held_bytes"] + 8 * MIB
+    b = _alloc.empty((2048, 1024), torch.bfloat16, CPU)  # 4 MiB of another dtype: not a fit (8 > 4 * 1.25)
+    assert b.data_ptr() != ptr
+    c = _alloc.empty(fp32(7), torch.int32, CPU)  # 7 MiB rounds to 8: the same block
+    assert c.data_ptr() == ptr and stats()["hits"] == before["hits"] + 1
+    assert tuple(c.shape) == fp32(7) and c.dtype == torch.int32 and c.is_contiguous()
+    assert c.untyped_storage().nbytes() == 7 * MIB
+    d = _alloc.empty(fp32(12), torch.float32, CPU)  # larger than every idle block: a fresh one
+    assert d.data_ptr() not in (ptr, b.data_ptr())
+
+
+def test_small_outputs_and_other_devices_do_not_use_the_pool(pool) -> None:
+    before = stats()
+    small = _alloc.empty((1000, 1000), torch.float32, CPU)  # 3.8 MiB, under the 4 MiB minimum
+    assert stats()["live_bytes"] == before["live_bytes"] and small.numel() == 10**6
+
+
+def test_idle_blocks_are_capped_least_recently_freed_first(pool) -> None:
+    pool.pool_configure(16 * MIB, _alloc.POOL_MIN_BYTES, False)
+    blocks = [_alloc.empty(fp32(8), torch.float32, CPU) for _ in range(3)]
+    ptrs = [t.data_ptr() for t in blocks]
+    evicted = stats()["evicted_bytes"]
+    blocks.clear()  # freed in order 0, 1, 2: block 0 is the least recently freed, so it leaves
+    s = stats()
+    assert s["held_bytes"] == 16 * MIB and s["held_blocks"] == 2 and s["evicted_bytes"] == evicted + 8 * MIB
+    assert _alloc.empty(fp32(8), torch.float32, CPU).data_ptr() in ptrs[1:]
+    big = _alloc.empty(fp32(20), torch.float32, CPU)  # over the cap: freed at once, never held
+    del big
+    assert stats()["held_bytes"] <= 16 * MIB
+
+
+def test_empty_output_pool_gives_idle_blocks_back(pool) -> None:
+    t = [_alloc.empty(fp32(6), torch.float32, CPU) for _ in range(2)]
+    kept = _alloc.empty(fp32(6), torch.float32, CPU)
+    kept.fill_(2.0)
+    del t
+    assert stats()["held_bytes"] == 2 * 6 * MIB
+    assert kernels.empty_output_pool() == 12 * MIB
+    assert stats()["held_bytes"] == 0 and stats()["held_blocks"] == 0
+    assert bool((kept == 2.0).all())  # a live output is untouched
+    del kept
+    assert stats()["held_bytes"] == 6 * MIB
+
+
+def test_switched_off_by_env(pool, monkeypatch) -> None:
+    monkeypatch.setenv("FUSIONLENS_CPU_POOL", "0")
+    assert _alloc.pool_status() == "turned off by FUSIONLENS_CPU_POOL=0" and _alloc.pool_min_bytes() == 0
+    before = stats()
+    t = _alloc.empty(fp32(8), torch.float32, CPU)
+    assert stats()["live_bytes"] == before["live_bytes"] and t.numel() == 2 * MIB
+
+
+def test_cap_from_env(monkeypatch) -> None:
+    monkeypatch.setenv("FUSIONLENS_CPU_POOL_MB", "64")
+    assert _alloc.pool_cap_bytes() == 64 * MIB
+    monkeypatch.setenv("FUSIONLENS_CPU_POOL_MB", "lots")
+    with pytest.raises(ValueError, match="FUSIONLENS_CPU_POOL_MB"):
+        _alloc.pool_cap_bytes()
+    monkeypatch.delenv("FUSIONLENS_CPU_POOL_MB")
+    assert 0 < _alloc.pool_cap_bytes() <= 1 << 30
+
+
+def test_pooled_tensors_resize_and_keep_their_values(pool) -> None:
+    t = _alloc.empty(fp32(5), torch.float32, CPU)
+    t.copy_(torch.arange(t.numel(), dtype=torch.float32))
+    n = t.numel()
+    t.resize_(3 * n)  # a new block from the pool's allocator, the old values copied over
+    assert bool((t[:n] == torch.arange(n, dtype=torch.float32)).all())
+    t.resize_(10)
+    assert t.tolist() == list(range(10))
+    t.resize_(0)
+    del t
+    assert stats()["live_bytes"] == 0
+
+
+def test_threads_allocate_and_free_concurrently(pool) -> None:
+    import threading
+
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        g = torch.Generator().manual_seed(k)
+        for i in range(60):
+            mib = 4 + int(torch.randint(0, 9, (1,), generator=g))
+            t = _alloc.empty(fp32(mib), torch.float32, CPU)
+            t.fill_(float(k * 1000 + i))
+            if not bool((t == float(k * 1000 + i)).all()):
+                errors.append(f"thread {k} step {i}: a block was shared")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    s = stats()
+    assert s["live_bytes"] == 0 and s["hits"] > 0 and s["held_bytes"] <= s["cap_bytes"]
+
+
+_FORK_CHILD = r"""
+import os, sys, threading, torch
+sys.path.insert(0, sys.argv[1])
+import kernels
+from kernels import _alloc
+from kernels._build import load_cpu_ops
+load_cpu_ops()
+keep = [_alloc.empty((1 << 21,), torch.float32, torch.device("cpu")) for _ in range(3)]
+del keep[0]
+pid = os.fork()
+if pid == 0:  # the child allocates, frees and empties the pool it inherited
+    t = _alloc.empty((1 << 21,), torch.float32, torch.device("cpu")); t.fill_(1.0)
+    ok = bool((t == 1.0).all()); del t, keep
+    _alloc.empty_output_pool()
+    os._exit(0 if ok and _alloc.output_pool_stats()["live_bytes"] == 0 else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_uses_its_copy_of_the_pool(cpu_provider) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSIONLENS_CPU_POOL", "FUSIONLENS_CPU_POOL_MB")}
+    proc = subprocess.run([sys.executable, "-c", _FORK_CHILD, str(ROOT)], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "child 0"
+
+
+@pytest.mark.parametrize("case", ["layer_norm", "add_rms_norm", "gelu", "softmax"])
+def test_large_kernel_outputs_from_the_pool_match_plain_allocation(pool, monkeypatch, case) -> None:
+    """Fused ops writing pooled outputs (reused blocks holding old values, NaN-poisoned first)
+    give the bits they give with plain allocation, forward and backward."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1024, 2048, generator=g)  # 8 MiB fp32 rows: every output is pooled
+    r, w, b = torch.randn(1024, 2048, generator=g), torch.randn(2048, generator=g), torch.randn(2048, generator=g)
+    run = {"layer_norm": lambda x: kernels.layer_norm(x, w, b, 1e-5, provider="cpu"),
+           "add_rms_norm": lambda x: kernels.add_rms_norm(x, r, w, 1e-6, provider="cpu")[1],
+           "gelu": lambda x: kernels.gelu(x, provider="cpu"),
+           "softmax": lambda x: kernels.softmax(x, scale=0.5, provider="cpu")}[case]
+
+    def step():
+        xr = x.clone().requires_grad_()
+        with poison_outputs():
+            y = run(xr)
+            (gx,) = torch.autograd.grad(y, xr, torch.ones_like(y))
+        return y.detach(), gx
+
+    first = [t.clone() for t in step()]  # plain copies: the pooled outputs are freed here
+    hits = stats()["hits"]
+    pooled = step()  # on the blocks `first`'s outputs left behind
+    assert stats()["hits"] > hits
+    monkeypatch.setenv("FUSIONLENS_CPU_POOL", "0")
+    plain = step()
+    for a, c in zip(pooled, plain):
+        assert not bool(a.isnan().any()) and torch.equal(a, c)
+    assert torch.equal(first[0], plain[0])
