@@ -165,6 +165,16 @@ def new_output(shape: tuple[int, ...] | torch.Size, like: torch.Tensor,
     return out
 
 
+def new_output_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A dense output of x's shape laid out in x's dimension order (eager's preserve_format), through
+    `new_output`: a kernel that reads x in memory order then writes its output in the same order."""
+    if x.is_contiguous():
+        return new_output(x.shape, x, dtype)
+    order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), i))  # outermost dim first
+    base = new_output([x.shape[i] for i in order], x, dtype)
+    return base.permute([order.index(i) for i in range(x.dim())])
+
+
 def triton_interpreted() -> bool:
     """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1): tests only."""
     return os.environ.get("TRITON_INTERPRET") == "1"

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from kernels.providers import provider_ops
-from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output_like, register_kernel
 
 
 # ---------------------------------------------------------------- reference (the truth for tests)
@@ -72,7 +72,7 @@ def _rotate(ops: Any, x: torch.Tensor, cos32: torch.Tensor, sin32: torch.Tensor,
             backward: bool) -> torch.Tensor:
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         x = x.contiguous()
-    out = new_output(x.shape, x)
+    out = new_output_like(x)  # x's layout, as eager's output: both are walked in memory order
     ops.rope_apply(x, cos32, sin32, out, backward)
     return out
 

@@ -2,7 +2,8 @@
 
 `rope_apply(x, cos, sin, out, backward)` has the signature of the C++ op in
 `kernels/csrc/rope.cpp`: x is [B, H, S, D] with any strides (last one 1), cos/sin are contiguous
-fp32 [B or 1, S, D], out is contiguous [B, H, S, D]. One program rotates a tile of consecutive
+fp32 [B or 1, S, D], out is [B, H, S, D] with its own strides (last one 1; kernels/rope.py gives
+it x's layout, as eager does). One program rotates a tile of consecutive
 (b, h, s) rows, reading each half of the head dim once: 2 * D elements of traffic per row plus
 the (cached) cos/sin rows. backward=True applies the transposed rotation to a gradient.
 The tile holds TILE elements of each half (32 rows of a 64-wide head), so each of the 128 threads
@@ -20,7 +21,7 @@ TILE = 1024  # elements of each half-row tile per program
 
 
 @triton.jit
-def _rope_kernel(X, C, Sn, Y, n_rows, H, S, sb, sh, ss, cb, HALF,
+def _rope_kernel(X, C, Sn, Y, n_rows, H, S, sb, sh, ss, ob, oh, os, cb, HALF,
                  BACKWARD: tl.constexpr, ROWS_P: tl.constexpr, BLOCK_H: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS_P + tl.arange(0, ROWS_P)
     cols = tl.arange(0, BLOCK_H)
@@ -43,7 +44,7 @@ def _rope_kernel(X, C, Sn, Y, n_rows, H, S, sb, sh, ss, cb, HALF,
     else:
         y1 = x1 * c1 - x2 * s1
         y2 = x2 * c2 + x1 * s2
-    yoff = rows[:, None] * (2 * HALF) + cols[None, :]
+    yoff = (b_i * ob + h_i * oh + s_i * os)[:, None] + cols[None, :]
     tl.store(Y + yoff, y1.to(Y.dtype.element_ty), mask=mask)
     tl.store(Y + yoff + HALF, y2.to(Y.dtype.element_ty), mask=mask)
 
@@ -59,5 +60,6 @@ def rope_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
     block_h = triton.next_power_of_2(max(d // 2, 1))
     rows_p = max(1, min(64, TILE // block_h))
     _rope_kernel[(triton.cdiv(n_rows, rows_p),)](
-        x, cos, sin, out, n_rows, h, s, x.stride(0), x.stride(1), x.stride(2), cb, d // 2,
+        x, cos, sin, out, n_rows, h, s, x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), cb, d // 2,
         BACKWARD=bool(backward), ROWS_P=rows_p, BLOCK_H=block_h)

@@ -5,7 +5,8 @@
 //
 // x is [batch, heads, seq, head_dim] with any strides whose last one is 1, so the usual
 // `view(B, S, H, D).transpose(1, 2)` input is read in place, without the copy eager's
-// elementwise ops would make; cos/sin are fp32 [cos_batch, seq, head_dim] with cos_batch 1 or
+// elementwise ops would make, and rows are walked in x's memory order; the output takes x's
+// layout, as eager's does (kernels/rope.py allocates it); cos/sin are fp32 [cos_batch, seq, head_dim] with cos_batch 1 or
 // batch (broadcast over heads). Eager writes four full-size intermediates (x*cos, the rotated
 // halves, the cat, *sin) and reads them back; this reads x once and writes the output once.
 // The row loop lives in rope_impl.h, compiled once per instruction set (AVX-512, AVX2+FMA, the
@@ -28,14 +29,16 @@
 
 namespace fl_rope {
 
-// What one call works on: x [B, H, S, D] (any strides, unit last), out contiguous, cos/sin fp32
-// [cos_batch, S, D] (cb: their batch stride, 0 when shared).
+// What one call works on: x [B, H, S, D] (any strides, unit last), out [B, H, S, D] (its own
+// strides, unit last), cos/sin fp32 [cos_batch, S, D] (cb: their batch stride, 0 when shared).
+// heads_inner: rows are walked (b, s, h) instead of (b, h, s), x's memory order for the usual
+// `view(B, S, H, D).transpose(1, 2)` input.
 struct RopeArgs {
   const void* x;
   void* out;
   const float *cos, *sin;
-  int64_t H, S, D, sb, sh, ss, cb;
-  bool backward;
+  int64_t H, S, D, sb, sh, ss, ob, oh, os, cb;
+  bool backward, heads_inner;
 };
 using RowsFn = void (*)(const RopeArgs&, int64_t r0, int64_t r1);
 
@@ -53,10 +56,11 @@ namespace {
 template <typename T>
 void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
                bool backward) {
-  const int64_t S = x.size(2), D = x.size(3);
+  const int64_t H = x.size(1), S = x.size(2), D = x.size(3);
+  const bool heads_inner = H > 1 && S > 1 && x.stride(1) < x.stride(2);
   const fl_rope::RopeArgs a{x.data_ptr<T>(), out.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                            x.size(1), S, D, x.stride(0), x.stride(1), x.stride(2),
-                            cos.size(0) == 1 ? 0 : S * D, backward};
+                            H, S, D, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+                            out.stride(2), cos.size(0) == 1 ? 0 : S * D, backward, heads_inner};
   const fl_rope::RowsFn rows = fl_rope::rows_for<T>();
   at::parallel_for(0, x.size(0) * x.size(1) * S, std::max<int64_t>(1, 8192 / D),
                    [&](int64_t b0, int64_t e0) { rows(a, b0, e0); });
@@ -67,8 +71,8 @@ void rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   TORCH_CHECK(x.dim() == 4, "rope: x must be [batch, heads, seq, head_dim]");
   TORCH_CHECK(x.size(3) % 2 == 0, "rope: head_dim must be even");
   TORCH_CHECK(x.size(3) <= 1 || x.stride(3) == 1, "rope: x's last dim must be contiguous");
-  TORCH_CHECK(out.sizes() == x.sizes() && out.is_contiguous() && out.scalar_type() == x.scalar_type(),
-              "rope: out must be contiguous, like x");
+  TORCH_CHECK(out.sizes() == x.sizes() && (x.size(3) <= 1 || out.stride(3) == 1) &&
+              out.scalar_type() == x.scalar_type(), "rope: out must be x's shape and dtype, last dim contiguous");
   for (const at::Tensor* t : {&cos, &sin}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3,
                 "rope: cos/sin must be contiguous fp32 [cos_batch, seq, head_dim]");

@@ -27,7 +27,7 @@ inline void rotate_bwd(const float* __restrict g1, const float* __restrict g2, c
   }
 }
 
-// Rows [r0, r1) of the flattened [B, H, S] index space; the output is contiguous [B, H, S, D].
+// Rows [r0, r1) of the flattened [B, H, S] index space ([B, S, H] when heads_inner).
 template <typename T>
 void rope_rows(const RopeArgs& a, int64_t r0, int64_t r1) {
   const int64_t D = a.D, h = D / 2;
@@ -35,9 +35,20 @@ void rope_rows(const RopeArgs& a, int64_t r0, int64_t r1) {
   T* op = static_cast<T*>(a.out);
   std::vector<float> buf(std::is_same_v<T, float> ? 0 : 2 * D);
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t s_i = r % a.S, bh = r / a.S, h_i = bh % a.H, b_i = bh / a.H;
+    int64_t b_i, h_i, s_i;
+    if (a.heads_inner) {
+      h_i = r % a.H;
+      const int64_t bs = r / a.H;
+      s_i = bs % a.S;
+      b_i = bs / a.S;
+    } else {
+      s_i = r % a.S;
+      const int64_t bh = r / a.S;
+      h_i = bh % a.H;
+      b_i = bh / a.H;
+    }
     const T* xr = xp + b_i * a.sb + h_i * a.sh + s_i * a.ss;
-    T* orow = op + r * D;
+    T* orow = op + b_i * a.ob + h_i * a.oh + s_i * a.os;
     const float* c = a.cos + b_i * a.cb + s_i * D;
     const float* sn = a.sin + b_i * a.cb + s_i * D;
     if constexpr (std::is_same_v<T, float>) {

@@ -69,6 +69,34 @@ def test_hf_transposed_view_is_read_in_place(dtype) -> None:
     check("cpu", q, k, cos, sin, dtype)
 
 
+def test_outputs_take_the_layout_eager_gives() -> None:
+    """HF's transposed q/k: eager's q * cos + rotate_half(q) * sin comes out in q's memory layout
+    ([B, S, H, D] in memory); ours too (both walk it in memory order), forward and backward."""
+    q, k = qk(2, 4, 2, 9, 32, torch.float32, transposed=True)
+    cos, sin = tables(9, 32, torch.float32, batch=2)
+    eager = rp.rope_reference(q, k, cos, sin)
+    ours = kernels.rope(q, k, cos, sin, provider="cpu")
+    for o, e, x in zip(ours, eager, (q, k)):
+        assert o.stride() == e.stride() == x.stride()
+        torch.testing.assert_close(o, e)
+    g = make(q.shape, torch.float32, seed=5).transpose(1, 2).contiguous().transpose(1, 2)  # [B, S, H, D] memory
+    gq = rp._rotate(rp._ops("cpu"), g, rp._table(cos), rp._table(sin), True)
+    assert gq.stride() == g.stride()
+    plain = kernels.rope(q.contiguous(), k.contiguous(), cos, sin, provider="cpu")
+    assert all(t.is_contiguous() for t in plain)
+
+
+def test_slices_of_a_fused_qkv_projection() -> None:
+    """q, k as slices of one [B, S, 3, H, D] projection (not dense): the output is dense, in the
+    slice's dimension order, and right."""
+    qkv = make((2, 7, 3, 4, 16), torch.float32, seed=3)
+    q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+    cos, sin = tables(7, 16, torch.float32)
+    oq, ok = kernels.rope(q, k, cos, sin, provider="cpu")
+    assert oq.stride() == (7 * 4 * 16, 16, 4 * 16, 1)
+    check("cpu", q, k, cos, sin, torch.float32)
+
+
 def test_strided_last_dim_and_batch_one_tables() -> None:
     q = make((2, 3, 5, 16), torch.float32, seed=1, layout="strided")
     k = make((2, 3, 5, 16), torch.float32, seed=2)
@@ -162,6 +190,7 @@ def run_interpreted() -> int:
             count += 2
     q, k = qk(2, 4, 2, 3, 8, torch.float32, transposed=True)
     check("triton", q, k, *tables(3, 8, torch.float32, batch=2), torch.float32)
+    assert kernels.rope(q, k, *tables(3, 8, torch.float32), provider="triton")[0].stride() == q.stride()
     check("triton", with_nonfinite(q), k, *tables(3, 8, torch.float32), torch.float32)
     check("triton", torch.randn(0, 2, 3, 8), torch.randn(0, 2, 3, 8), *tables(3, 8, torch.float32),
           torch.float32)

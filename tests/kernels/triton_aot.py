@@ -289,6 +289,8 @@ def drive_rope(full: bool) -> None:
             q, k = _t((bsz, h, s, d), dtype), _t((bsz, h, s, d), dtype)
             cos, sin = _t((s, d), dtype), _t((s, d), dtype)
             _fwd_bwd(lambda: kernels.rope(q, k, cos, sin, provider="triton"), [q, k])
+            qt, kt = (_t((bsz, s, h, d), dtype).transpose(1, 2) for _ in range(2))  # HF's views: strided out
+            _fwd_bwd(lambda: kernels.rope(qt, kt, cos, sin, provider="triton"), [qt, kt])
 
 
 def drive_cross_entropy(full: bool) -> None:
