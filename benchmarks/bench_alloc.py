@@ -1,4 +1,4 @@
-"""Fresh kernel-output cost on CPU, with and without transparent-huge-page advice (`kernels/_alloc.py`).
+"""Fresh kernel-output cost on CPU: the output pool, transparent-huge-page advice, plain (`kernels/_alloc.py`).
 
 Usage (from the repo root):
     .venv/bin/python benchmarks/bench_alloc.py [--sizes-mb 1,4,16,64,256] [--threads 1,2]
@@ -8,14 +8,17 @@ Three parts, each interleaved round by round (`benchmarks.harness`), rows append
 `benchmarks/results/alloc.csv`:
 1. fresh output by size: allocate + write once (`fill_`) + free, per call: `plain` (torch.empty),
    `advised` (torch.empty + MADV_HUGEPAGE on the aligned interior, at any size: shows where the
-   advice starts to pay, i.e. the threshold), `prealloc` (writing a buffer allocated once: the
-   floor). Whether glibc mmaps a block (fresh pages, faults) or reuses its heap depends on its
+   advice starts to pay, i.e. the threshold), `pooled` (`kernels._alloc.empty`, the product's
+   road: the C++ extension's caching pool from 4 MiB up), `prealloc` (writing a buffer allocated
+   once: the floor). Whether glibc mmaps a block (fresh pages, faults) or reuses its heap depends on its
    adaptive threshold; run again with GLIBC_TUNABLES=glibc.malloc.mmap_threshold=524288 to see
    the cost of a fresh mapping at the small sizes (the setting is recorded in every row).
-2. end-to-end public-API kernel calls (fp32, no_grad) with the advice on vs FUSIONLENS_HUGEPAGES=0,
-   next to the ATen op, at each thread count.
+2. end-to-end public-API kernel calls (fp32, no_grad): pooled (the default), pool off with the
+   advice on (FUSIONLENS_CPU_POOL=0), both off (and FUSIONLENS_HUGEPAGES=0), next to the ATen op,
+   at each thread count.
 3. RSS: a child process per setting runs the same kernel calls and reports peak and final RSS
-   and AnonHugePages (advice on vs off).
+   and AnonHugePages (pooled, advice only, plain); the pooled child also reports its RSS after
+   `kernels.empty_output_pool()`.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from benchmarks.harness import append_rows, interleave, percentiles, print_table
 from kernels import _alloc  # noqa: E402
 
 CSV = "alloc.csv"
+CPU = torch.device("cpu")
 MALLOC = os.environ.get("GLIBC_TUNABLES", "glibc-default")
 
 
@@ -66,12 +70,15 @@ def fresh_outputs(sizes_mb: list[float], threads: int, rounds: int) -> None:
             _alloc.advise_hugepages(t)
             t.fill_(1.0)
 
+        def pooled():
+            _alloc.empty((n,), torch.float32, CPU).fill_(1.0)
+
         def prealloc():
             pre.fill_(1.0)
 
         inner = max(1, min(50, int(64 / max(mb, 0.25))))
-        timing = interleave({"plain": plain, "advised": advised, "prealloc": prealloc}, rounds=rounds,
-                            inner=inner, warmup=2)
+        timing = interleave({"plain": plain, "advised": advised, "pooled": pooled, "prealloc": prealloc},
+                            rounds=rounds, inner=inner, warmup=2)
         shape, notes = f"{mb:g} MiB fp32", _notes(threads, f"inner={inner}")
         rows = timing_rows("fresh_output", shape, timing, notes=notes)
         table = []
@@ -100,22 +107,26 @@ def _kernel_cases() -> list[tuple[str, tuple, object, object]]:
     ]
 
 
-def _with_env(value: str, fn):
+ENV_KEYS = ("FUSIONLENS_CPU_POOL", "FUSIONLENS_HUGEPAGES")
+SETTINGS = {"pooled": ("1", "1"), "hugepages": ("0", "1"), "plain": ("0", "0")}  # (pool, advice)
+
+
+def _with_env(setting: str, fn):
     def run():
-        os.environ["FUSIONLENS_HUGEPAGES"] = value
+        os.environ.update(zip(ENV_KEYS, SETTINGS[setting]))
         with torch.no_grad():
             fn()
     return run
 
 
 def kernel_calls(threads: int, rounds: int) -> None:
-    """Part 2: public-API calls with the advice on vs off, and the ATen op, interleaved."""
+    """Part 2: public-API calls pooled / advice only / plain, and the ATen op, interleaved."""
     torch.set_num_threads(threads)
-    saved = os.environ.get("FUSIONLENS_HUGEPAGES")
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
     try:
         for name, shape, ours, aten in _kernel_cases():
-            variants = {"ours_hugepages": _with_env("1", ours), "ours_plain": _with_env("0", ours),
-                        "aten": _with_env("1", aten)}
+            variants = {f"ours_{v}": _with_env(v, ours) for v in SETTINGS}
+            variants["aten"] = _with_env("pooled", aten)
             timing = interleave(variants, rounds=rounds, inner=3, warmup=2)
             shp, notes = "x".join(map(str, shape)) + " fp32 fwd", _notes(threads)
             rows = timing_rows(f"kernel_{name}", shp, timing, notes=notes)
@@ -129,22 +140,27 @@ def kernel_calls(threads: int, rounds: int) -> None:
                     rows.append(_ratio_row(f"kernel_{name}", shp, f"{v}_vs_aten", vs_aten, "speedup_wall", notes))
                     rows.append(_ratio_row(f"kernel_{name}", shp, f"{v}_vs_aten", vs_aten_cpu, "speedup_cpu", notes))
             r = timing.ratio("ours_plain", "ours_hugepages")
+            rp = timing.ratio("ours_hugepages", "ours_pooled")
             rows.append(_ratio_row(f"kernel_{name}", shp, "hugepages_vs_plain", r, "speedup_wall", notes))
+            rows.append(_ratio_row(f"kernel_{name}", shp, "pooled_vs_hugepages", rp, "speedup_wall", notes))
             append_rows(CSV, rows)
             print_table(f"{name} {shp}  threads={threads}  malloc={MALLOC}",
                         ["variant", "p50 ms", "p20-p80 ms", "aten / variant (wall)", "(cpu)"], table)
-            print(f"  huge pages on vs off (wall): {r[1]:.2f}x (p20 {r[0]:.2f}, p80 {r[2]:.2f})")
+            print(f"  huge pages on vs off (wall): {r[1]:.2f}x (p20 {r[0]:.2f}, p80 {r[2]:.2f}); "
+                  f"pooled vs advice only: {rp[1]:.2f}x (p20 {rp[0]:.2f}, p80 {rp[2]:.2f})")
     finally:
-        if saved is None:
-            os.environ.pop("FUSIONLENS_HUGEPAGES", None)
-        else:
-            os.environ["FUSIONLENS_HUGEPAGES"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 _RSS_CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import torch
+import kernels
 from benchmarks.bench_alloc import _kernel_cases
 def status():
     out = {}
@@ -164,30 +180,35 @@ with torch.no_grad():
 live_status = status()
 del live
 after = status()
+kernels.empty_output_pool()
+emptied = status()
 print(json.dumps({"inputs_rss_mb": before["VmRSS"], "peak_rss_mb": after["VmHWM"],
                   "with_outputs_rss_mb": live_status["VmRSS"], "final_rss_mb": after["VmRSS"],
+                  "after_empty_output_pool_rss_mb": emptied["VmRSS"],
                   "anon_huge_with_outputs_mb": live_status["AnonHugePages"]}))
 """
 
 
 def rss(threads: int = 1) -> None:
-    """Part 3: peak/final RSS of 10 rounds of the kernel calls, advice on vs off (child processes)."""
+    """Part 3: peak/final RSS of 10 rounds of the kernel calls, per setting (child processes)."""
     table, rows = [], []
-    for label, value in (("hugepages", "1"), ("plain", "0")):
-        env = dict(os.environ, FUSIONLENS_HUGEPAGES=value)
+    for label, values in SETTINGS.items():
+        env = dict(os.environ, **dict(zip(ENV_KEYS, values)))
         out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(ROOT)], env=env, capture_output=True,
                              text=True, timeout=600, cwd=ROOT)
         if out.returncode != 0:
             raise SystemExit(f"RSS child failed: {out.stderr.strip().splitlines()[-1]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
         table.append([label] + [res[k] for k in ("inputs_rss_mb", "peak_rss_mb", "with_outputs_rss_mb",
-                                                 "final_rss_mb", "anon_huge_with_outputs_mb")])
+                                                 "final_rss_mb", "after_empty_output_pool_rss_mb",
+                                                 "anon_huge_with_outputs_mb")])
         for k, v in res.items():
             rows.append(dict(benchmark="rss_kernel_loop", variant=label, shape="gelu+swiglu+softmax x10",
                              metric=k.removesuffix("_mb"), p20=v, p50=v, p80=v, unit="MiB", notes=_notes(threads)))
     append_rows(CSV, rows)
     print_table(f"RSS over 10 rounds of gelu/swiglu/softmax (MiB)  malloc={MALLOC}",
-                ["variant", "after inputs", "peak", "outputs alive", "final", "AnonHugePages (alive)"], table)
+                ["variant", "after inputs", "peak", "outputs alive", "final", "after empty_output_pool",
+                 "AnonHugePages (alive)"], table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", default=CSV, help="results file under benchmarks/results")
     args = ap.parse_args(argv)
     CSV = args.csv
-    print(f"huge-page advice: {_alloc.hugepage_status() or 'on'}; load average {os.getloadavg()}")
+    from kernels._build import load_cpu_ops
+
+    load_cpu_ops()  # attaches the output pool
+    print(f"huge-page advice: {_alloc.hugepage_status() or 'on'}; output pool: {_alloc.pool_status() or 'on'}; "
+          f"load average {os.getloadavg()}")
     sizes = [float(s) for s in args.sizes_mb.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     for t in threads:

@@ -76,13 +76,15 @@ class OutputPool final : public c10::Allocator {
  private:
   using Lru = std::list<std::pair<size_t, void*>>;  // (bytes, block), most recently freed first
 
-  size_t rounded(size_t n) const { return n >= min_ ? (n + kGranule - 1) / kGranule * kGranule : n; }
-
   void* take(size_t n) {
-    const size_t bytes = rounded(n);
+    size_t bytes;
+    bool large, hugepages;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (bytes >= min_) {
+      large = n >= min_;
+      bytes = large ? (n + kGranule - 1) / kGranule * kGranule : n;
+      hugepages = hugepages_;
+      if (large) {
         // the smallest idle block that fits with at most 25% to spare (shapes that vary a little)
         auto it = free_.lower_bound(bytes);
         if (it != free_.end() && it->first <= bytes + bytes / 4) {
@@ -99,7 +101,6 @@ class OutputPool final : public c10::Allocator {
         ++misses_;
       }
     }
-    const bool large = bytes >= min_;
     void* p = nullptr;
     if (posix_memalign(&p, large ? kGranule : kSmallAlign, bytes) != 0 || p == nullptr) {
       empty();  // idle blocks are the first thing to give up under memory pressure; then retry once
@@ -108,7 +109,7 @@ class OutputPool final : public c10::Allocator {
       }
     }
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (large && hugepages_) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: a failure changes nothing
+    if (large && hugepages) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: a failure changes nothing
 #endif
     std::lock_guard<std::mutex> g(mu_);
     live_[p] = bytes;
