@@ -103,6 +103,19 @@ def test_poisoned_outputs_are_nan_only_inside_the_block() -> None:
     assert registry.poisoning() is False
 
 
+def test_new_output_like_keeps_the_dimension_order() -> None:
+    """Dense, x's shape, laid out in x's dimension order (eager's preserve_format); poisoned too."""
+    x = torch.zeros(2, 5, 3, 8)
+    assert registry.new_output_like(x).stride() == x.stride()
+    t = torch.zeros(2, 5, 3, 8).transpose(1, 2)  # [2, 3, 5, 8] viewed, [2, 5, 3, 8] in memory
+    assert registry.new_output_like(t).stride() == t.stride() == (120, 8, 24, 1)
+    sl = torch.zeros(2, 5, 3, 4, 8)[:, :, 1].transpose(1, 2)  # a fused-qkv slice: not dense
+    out = registry.new_output_like(sl, torch.bfloat16)
+    assert out.shape == sl.shape and out.dtype == torch.bfloat16 and out.stride() == (160, 8, 32, 1)
+    with poison_outputs():
+        assert registry.new_output_like(t).isnan().all()
+
+
 def test_cost_bytes_saved() -> None:
     assert Cost(1.0, 10.0, 30.0).bytes_saved == 20.0
     assert Cost(1.0, 10.0, 5.0).bytes_saved == 0.0
