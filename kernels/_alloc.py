@@ -36,6 +36,7 @@ import math
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -150,8 +151,9 @@ def pool_cap_bytes() -> int:
     if env:
         try:
             return max(int(float(env) * (1 << 20)), 0)
-        except ValueError:
-            raise ValueError(f"FUSIONLENS_CPU_POOL_MB must be a number of MiB, not {env!r}") from None
+        except ValueError:  # a typo must not take the C++ kernels down: say so once, use the default
+            warnings.warn(f"FUSIONLENS_CPU_POOL_MB={env!r} is not a number of MiB: using the default cap",
+                          stacklevel=2)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
