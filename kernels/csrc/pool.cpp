@@ -85,9 +85,12 @@ class OutputPool final : public c10::Allocator {
       bytes = large ? (n + kGranule - 1) / kGranule * kGranule : n;
       hugepages = hugepages_;
       if (large) {
-        // the smallest idle block that fits with at most 25% to spare (shapes that vary a little)
+        // The smallest idle size that fits with at most 25% to spare (shapes that vary a little);
+        // of several blocks of that size the most recently freed, whose lines may still be cached
+        // (the multimap keeps equal keys in insertion order: the last is the newest).
         auto it = free_.lower_bound(bytes);
         if (it != free_.end() && it->first <= bytes + bytes / 4) {
+          it = std::prev(free_.upper_bound(it->first));
           const auto node = it->second;
           void* p = node->second;
           held_ -= node->first;

@@ -228,6 +228,18 @@ def test_a_freed_output_block_is_handed_out_again(pool) -> None:
     assert d.data_ptr() not in (ptr, b.data_ptr())
 
 
+def test_of_equal_blocks_the_most_recently_freed_comes_back(pool) -> None:
+    """LIFO among blocks of one size: the block just freed may still be in the CPU's caches."""
+    a, b = _alloc.empty(fp32(8), torch.float32, CPU), _alloc.empty(fp32(8), torch.float32, CPU)
+    pb = b.data_ptr()
+    assert a.data_ptr() != pb
+    del a, b  # a freed first, b last
+    for _ in range(3):
+        t = _alloc.empty(fp32(8), torch.float32, CPU)
+        assert t.data_ptr() == pb
+        del t
+
+
 def test_small_outputs_and_other_devices_do_not_use_the_pool(pool) -> None:
     before = stats()
     small = _alloc.empty((1000, 1000), torch.float32, CPU)  # 3.8 MiB, under the 4 MiB minimum
@@ -239,10 +251,12 @@ def test_idle_blocks_are_capped_least_recently_freed_first(pool) -> None:
     blocks = [_alloc.empty(fp32(8), torch.float32, CPU) for _ in range(3)]
     ptrs = [t.data_ptr() for t in blocks]
     evicted = stats()["evicted_bytes"]
-    blocks.clear()  # freed in order 0, 1, 2: block 0 is the least recently freed, so it leaves
+    for i in range(3):  # freed in order 0, 1, 2: block 0 is the least recently freed, so it leaves
+        blocks[i] = None
     s = stats()
     assert s["held_bytes"] == 16 * MIB and s["held_blocks"] == 2 and s["evicted_bytes"] == evicted + 8 * MIB
-    assert _alloc.empty(fp32(8), torch.float32, CPU).data_ptr() in ptrs[1:]
+    again = [_alloc.empty(fp32(8), torch.float32, CPU) for _ in range(2)]  # newest first
+    assert [t.data_ptr() for t in again] == [ptrs[2], ptrs[1]]
     big = _alloc.empty(fp32(20), torch.float32, CPU)  # over the cap: freed at once, never held
     del big
     assert stats()["held_bytes"] <= 16 * MIB
