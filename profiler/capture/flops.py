@@ -61,9 +61,16 @@ def is_view(func: Any) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
+def is_allocation(func: Any) -> bool:
+    """An uninitialised allocation (PyTorch names them empty*: aten::empty_like, new_empty_strided,
+    the FusionLens kernels' fusionlens::empty_pooled): no arithmetic, no data moved."""
+    name = func._schema.name.split("::")[-1]
+    return name.startswith(("empty", "new_empty"))
+
+
 def op_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Algorithmic lower bound on bytes moved: inputs + outputs, views 0, BYTE_RULES first."""
-    if is_view(func):
+    if is_view(func) or is_allocation(func):
         return 0
     rule = fm.BYTE_RULES.get(func.overloadpacket)
     if rule is not None:
@@ -99,6 +106,8 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[float, str
     if formula is not None:
         return float(formula(*args, out_val=out, **kwargs)), "formula"
     name = func._schema.name.split("::")[-1]
+    if is_allocation(func):
+        return 0.0, "allocation"
     if name.startswith("_foreach_") and name not in ZERO_FLOP_OPS:
         return float(_foreach_flops(func, args, kwargs, out)), "foreach"
     if name in ZERO_FLOP_OPS:

@@ -122,3 +122,18 @@ def test_foreach_ops_count_every_tensor():
     row = only(costs_of(lambda: torch._foreach_add_(a, b)), "aten::_foreach_add_")
     assert row.flops == 3 + 20
     assert row.bytes_moved == 4 * (2 * (3 + 20) + (3 + 20))  # read a and b, write a
+
+
+def test_allocations_move_no_bytes_whatever_their_namespace():
+    """empty* ops allocate uninitialised memory: 0 FLOPs and 0 bytes, ATen's and a library's alike
+    (the FusionLens kernels allocate large CPU outputs through fusionlens::empty_pooled)."""
+    lib = torch.library.Library("fl_formulas_test", "FRAGMENT")
+    lib.define("empty_scratch(int[] shape) -> Tensor")
+    lib.impl("empty_scratch", lambda shape: torch.empty(shape), "CompositeExplicitAutograd")
+    x = torch.randn(8, 8)
+    df = costs_of(lambda: (torch.ops.fl_formulas_test.empty_scratch([64, 64]), torch.empty_like(x),
+                           x.new_empty((3, 3))))
+    for name in ("fl_formulas_test::empty_scratch", "aten::empty_like", "aten::new_empty"):
+        rows = df[df["name"] == name]
+        assert len(rows) >= 1 and (rows.bytes_moved == 0).all() and (rows.flops == 0).all(), df
+    assert (df[df["name"] == "fl_formulas_test::empty_scratch"].rule == "allocation").all()
