@@ -153,9 +153,9 @@ def _alloc_policy(x: torch.Tensor) -> tuple[int, int, int]:
     """(huge-page min bytes, huge page bytes, pool min bytes) of kernels/_alloc's policy for
     norm_train's outputs; zeros: plain allocation.
 
-    No output is larger than x but the per-column grads ([N] fp32), so below the threshold the
-    environment and the probe are not read."""
-    if x.numel() * x.element_size() < _alloc.HUGEPAGE_MIN_BYTES and x.shape[-1] * 4 < _alloc.HUGEPAGE_MIN_BYTES:
+    No output is larger than x in fp32 (a 16-bit x's promoted llama output) but the per-column
+    grads ([N] fp32), so below the threshold the environment and the probe are not read."""
+    if x.numel() * max(x.element_size(), 4) < _alloc.HUGEPAGE_MIN_BYTES and x.shape[-1] * 4 < _alloc.HUGEPAGE_MIN_BYTES:
         return 0, 0, 0
     pool_min = _alloc.pool_min_bytes()
     if _alloc.hugepage_status() is not None:

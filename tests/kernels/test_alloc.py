@@ -240,6 +240,14 @@ def test_of_equal_blocks_the_most_recently_freed_comes_back(pool) -> None:
         del t
 
 
+def test_a_promoted_fp32_output_over_the_minimum_is_pooled(pool) -> None:
+    """llama RMSNorm on a 3 MiB bf16 x with an fp32 weight writes a 6 MiB fp32 output: pooled."""
+    x = torch.randn(1024, 1536).bfloat16()
+    live = stats()["live_bytes"]
+    y = kernels.rms_norm(x, torch.randn(1536), 1e-6, provider="cpu")
+    assert y.dtype == torch.float32 and stats()["live_bytes"] == live + 6 * MIB
+
+
 def test_small_outputs_and_other_devices_do_not_use_the_pool(pool) -> None:
     before = stats()
     small = _alloc.empty((1000, 1000), torch.float32, CPU)  # 3.8 MiB, under the 4 MiB minimum
