@@ -34,6 +34,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fl_ind
 import torch  # noqa: E402
 
 from benchmarks.harness import append_rows, interleave, percentiles, print_table, timing_rows  # noqa: E402
+from kernels import _alloc  # noqa: E402
 
 FAMILIES: tuple[str, ...] = ("norms", "activations", "softmax", "rope", "cross_entropy", "optim")
 
@@ -97,7 +98,9 @@ def _shape(case: dict) -> str:
 def run_case(case: dict, threads: int, bw_gb_per_s: float, rounds: int, use_compile: bool) -> list[dict]:
     """Benchmark one case; print its table; return its CSV rows."""
     malloc = os.environ.get("GLIBC_TUNABLES", "glibc-default")
-    notes = f"threads={threads}; malloc={malloc}; rev={REV}; order=shuffled; settle=1; {case.get('notes', '')}".strip("; ")
+    pool = "on" if _alloc.pool_status() is None else "off"  # large outputs from kernels' output pool
+    notes = (f"threads={threads}; malloc={malloc}; output_pool={pool}; rev={REV}; order=shuffled; settle=1; "
+             f"{case.get('notes', '')}").strip("; ")
     rows: list[dict] = []
     variants = dict(case["variants"])
     extra: list[list] = []
@@ -157,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         os.environ["FL_BENCH_QUICK"] = "1"
     families = args.family or [f for f in FAMILIES if (ROOT / "benchmarks" / "kernels" / f"{f}.py").exists()]
+    try:  # load the C++ extension first: it attaches the output pool the rows' notes name
+        from kernels._build import load_cpu_ops
+
+        load_cpu_ops()
+    except RuntimeError as exc:
+        print(f"cpu provider unavailable ({exc}): its rows fall back", file=sys.stderr)
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         bw = copy_bandwidth_gb_per_s(threads)
