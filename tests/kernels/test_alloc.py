@@ -8,6 +8,7 @@ independently from /sys, so the tests fail if the feature silently stops working
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -395,3 +396,21 @@ def test_large_kernel_outputs_from_the_pool_match_plain_allocation(pool, monkeyp
     for a, c in zip(pooled, plain):
         assert not bool(a.isnan().any()) and torch.equal(a, c)
     assert torch.equal(first[0], plain[0])
+
+
+def test_pooled_tensors_share_pickle_and_outlive_their_tensor_through_numpy(pool) -> None:
+    t = _alloc.empty(fp32(8), torch.float32, CPU)
+    t.fill_(3.0)
+    t.share_memory_()  # data moves to shared memory; the pooled block goes back to the pool
+    assert t.is_shared() and bool((t == 3.0).all()) and stats()["live_bytes"] == 0
+    u = _alloc.empty(fp32(8), torch.float32, CPU)
+    u.fill_(2.0)
+    buf = io.BytesIO()
+    torch.save(u, buf)
+    buf.seek(0)
+    assert bool((torch.load(buf) == 2.0).all())
+    view = u.numpy()  # keeps the block alive after the tensor is gone
+    del u
+    assert stats()["live_bytes"] == 8 * MIB and float(view[-1]) == 2.0
+    del view
+    assert stats()["live_bytes"] == 0
