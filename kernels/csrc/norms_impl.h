@@ -438,6 +438,16 @@ inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D*
   }
 }
 
+// rms_bwd_row for a row with rstd r, as rms_out picks rms_out_row: llama's rounding of n_hat
+// through T (round_n) unguarded on finite rows.
+template <typename T, bool A, typename D, typename G>
+inline void rms_bwd_pick(bool round_n, const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw,
+                         float r, float c1, int64_t n, const T* nx, const G* ndy) {
+  if (!round_n) rms_bwd_row<T, A, false, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy);
+  else if (finite_row(r)) rms_bwd_row<T, A, true, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy);
+  else rms_bwd_row<T, A, true, false>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy);
+}
+
 // G = float on 16-bit rows: the gradient of rms_fwd<T, float>'s promoted output.
 template <typename T, typename G = T>
 void rms_bwd(const RmsBwd& a) {
@@ -468,17 +478,9 @@ void rms_bwd(const RmsBwd& a) {
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const G* ndy = ip < i1 ? dyp + ip * n : nullptr;
-        const bool fin = finite_row(r);
         auto row = [&](auto* dx) {
-          if (da) {
-            !round_n ? rms_bwd_row<T, true, false, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
-            : fin    ? rms_bwd_row<T, true, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
-                     : rms_bwd_row<T, true, true, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
-          } else {
-            !round_n ? rms_bwd_row<T, false, false, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
-            : fin    ? rms_bwd_row<T, false, true, true>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy)
-                     : rms_bwd_row<T, false, true, false>(x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
-          }
+          if (da) rms_bwd_pick<T, true>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
+          else rms_bwd_pick<T, false>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
         };
         if (stream) {
           row(tile);
