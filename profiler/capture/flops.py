@@ -34,14 +34,14 @@ KINETO_DTYPE_NAMES = {
     torch.complex128: "c10::complex<double>",
 }
 
-# Ops that move or make data but do no arithmetic (FLOPs 0, bytes by the default rule).
+# Ops that move or make data but do no arithmetic (FLOPs 0, bytes by the default rule; the empty*
+# allocations are `is_allocation`'s).
 ZERO_FLOP_OPS = frozenset({
     "cat", "stack", "index_select", "gather", "index", "index_put", "index_put_", "scatter",
     "scatter_", "constant_pad_nd", "ones_like", "zeros_like", "full", "full_like", "ones", "zeros",
     "arange", "randint", "randn", "rand", "randperm", "randint_like", "randn_like", "rand_like",
     "tril", "triu", "repeat", "roll", "flip", "_local_scalar_dense", "resolve_conj", "resolve_neg",
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "new_zeros",
-    "new_ones", "new_full", "resize_", "set_", "copy_", "_to_copy", "clone", "fill_", "zero_",
+    "new_zeros", "new_ones", "new_full", "resize_", "set_", "copy_", "_to_copy", "clone", "fill_", "zero_",
     "lift_fresh_copy", "slice_backward", "select_backward", "as_strided_scatter", "slice_scatter",
     "select_scatter", "_unsafe_view", "masked_fill", "masked_fill_", "where", "detach_",
     "_index_put_impl_", "embedding", "scalar_tensor", "uniform_", "normal_", "bernoulli_",
@@ -105,9 +105,9 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[float, str
     formula = fm.FLOP_FORMULAS.get(packet)
     if formula is not None:
         return float(formula(*args, out_val=out, **kwargs)), "formula"
-    name = func._schema.name.split("::")[-1]
     if is_allocation(func):
         return 0.0, "allocation"
+    name = func._schema.name.split("::")[-1]
     if name.startswith("_foreach_") and name not in ZERO_FLOP_OPS:
         return float(_foreach_flops(func, args, kwargs, out)), "foreach"
     if name in ZERO_FLOP_OPS:

@@ -280,8 +280,7 @@ def fill_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     return tensor_bytes(args[0]) + sum(tensor_bytes(t) for t in tensors(args[1:]))
 
 
-@register_bytes(*_packets("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-                          "resize_", "set_", "_unsafe_view"))
+@register_bytes(*_packets("resize_", "set_", "_unsafe_view"))
 def no_bytes(args: tuple, kwargs: dict, out: Any) -> int:
-    """Allocation or metadata only: no data moved."""
+    """Metadata only: no data moved (empty* allocations: flops.is_allocation)."""
     return 0
