@@ -49,3 +49,13 @@ on a lent NVIDIA GPU; it tries the families listed in its FAMILIES):
 Keep the GPU part of a family under ~15 s (compile included): the whole check has 90 s.
 See `benchmarks/kernels/norms.py` for a complete example of all three functions.
 """
+
+from __future__ import annotations
+
+import os
+
+
+def shape_wanted(m: int, n: int) -> bool:
+    """True unless FL_BENCH_SHAPES (e.g. "4096x768,4096x3072") names shapes and m x n is not one."""
+    wanted = os.environ.get("FL_BENCH_SHAPES")
+    return not wanted or f"{m}x{n}" in wanted.split(",")

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import activations as _activations  # noqa: F401  (registers the specs)
+from benchmarks.kernels import shape_wanted
 from kernels.registry import KERNELS
 
 _C = math.sqrt(2.0 / math.pi)
@@ -141,9 +142,7 @@ def cases(threads: int) -> list[dict]:
     wanted = os.environ.get("FL_BENCH_ACTIVATIONS")
     if wanted:
         plan = [p for p in plan if p[0] in wanted.split(",")]
-    shapes = os.environ.get("FL_BENCH_SHAPES")  # e.g. "4096x3072"
-    if shapes:
-        plan = [p for p in plan if f"{p[2]}x{p[3]}" in shapes.split(",")]
+    plan = [p for p in plan if shape_wanted(p[2], p[3])]
     return [_case(k, a, m, n, dt, bwd) for (k, a, m, n) in plan for dt in dtypes for bwd in (False, True)]
 
 

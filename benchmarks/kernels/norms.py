@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import norms
+from benchmarks.kernels import shape_wanted
 from kernels.registry import KERNELS
 
 
@@ -181,9 +182,7 @@ def _case(kernel: str, m: int, n: int, dtype: torch.dtype, backward: bool, devic
 def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
     shapes = [(1024, 768)] if quick else [(4096, 768), (4096, 4096)]
-    wanted = os.environ.get("FL_BENCH_SHAPES")  # e.g. "4096x768"
-    if wanted:
-        shapes = [(m, n) for (m, n) in shapes if f"{m}x{n}" in wanted.split(",")]
+    shapes = [(m, n) for (m, n) in shapes if shape_wanted(m, n)]
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
     kernel_names = os.environ.get("FL_BENCH_NORMS", "layer_norm,rms_norm,add_rms_norm").split(",")
     pdt = os.environ.get("FL_BENCH_PARAM_DTYPE")
