@@ -101,9 +101,14 @@ def _disable(reason: str) -> None:
         _probe = (None, 0, reason)
 
 
+def _switched_on(var: str) -> bool:
+    """An on/off environment switch, on unless set to 0 (or 'false'/'off'/'no'); read per call."""
+    return os.environ.get(var, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def hugepages_enabled_by_env() -> bool:
     """False when FUSIONLENS_HUGEPAGES=0 (or 'false'/'off'/'no')."""
-    return os.environ.get("FUSIONLENS_HUGEPAGES", "1").strip().lower() not in ("0", "false", "off", "no")
+    return _switched_on("FUSIONLENS_HUGEPAGES")
 
 
 def hugepage_status() -> str | None:
@@ -142,7 +147,7 @@ def advise_hugepages(t: torch.Tensor) -> bool:
 
 def pool_enabled_by_env() -> bool:
     """False when FUSIONLENS_CPU_POOL=0 (or 'false'/'off'/'no')."""
-    return os.environ.get("FUSIONLENS_CPU_POOL", "1").strip().lower() not in ("0", "false", "off", "no")
+    return _switched_on("FUSIONLENS_CPU_POOL")
 
 
 def pool_cap_bytes() -> int:
