@@ -68,6 +68,40 @@ def is_allocation(func: Any) -> bool:
     return name.startswith(("empty", "new_empty"))
 
 
+_CIA = "CompositeImplicitAutograd"
+
+
+@lru_cache(maxsize=None)
+def _aten_decomposes(name: str, device_type: str) -> bool:
+    """Whether ATen runs op `name` on `device_type` through its CompositeImplicitAutograd kernel:
+    it has one, and neither a kernel of its own for that backend nor a CompositeExplicitAutograd
+    one (the dispatcher's rule for which kernel serves a backend)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if not has(name, _CIA):
+        return False
+    try:
+        own = (torch._C._dispatch_key_for_device(device_type),)
+    except RuntimeError:  # a device type without a dispatch key of its own
+        own = ()
+    return not any(has(name, k) for k in own + ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional"))
+
+
+def decompose(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run `func` as ATen would outside a dispatch mode when that means its C++
+    CompositeImplicitAutograd kernel (aten::linear under inference_mode), else NotImplemented.
+
+    Ops with a kernel of their own that also carry a decomposition (aten::silu_backward,
+    mish_backward) run whole, as the profiler shows them. Not `OpOverload.decompose`: that prefers
+    a Python decomposition where one is registered, and those may differ (torch._decomp's
+    aten::dropout clones its input in eval mode, where ATen's returns it as it is)."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _CIA):
+        return NotImplemented
+    found = fm.tensors((args, kwargs))
+    if not _aten_decomposes(func.name(), found[0].device.type if found else "cpu"):
+        return NotImplemented
+    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+
+
 def op_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Algorithmic lower bound on bytes moved: inputs + outputs, views 0, BYTE_RULES first."""
     if is_view(func) or is_allocation(func):
@@ -188,7 +222,7 @@ class OpCostRecorder(TorchDispatchMode):
             # A CompositeImplicitAutograd op reaches the mode whole under inference_mode
             # (aten::linear); record what it runs (aten::t, aten::addmm), as the profiler nests it.
             with self:
-                decomposed = func.decompose(*args, **kwargs)
+                decomposed = decompose(func, args, kwargs)
             if decomposed is not NotImplemented:
                 return decomposed
         out = func(*args, **kwargs)

@@ -77,6 +77,26 @@ def test_elementwise_reduction_and_gelu_flops():
     assert only(costs_of(lambda: x.clone()), "aten::clone").flops == 0
 
 
+def test_ops_with_their_own_kernel_are_recorded_whole():
+    # aten::silu_backward has a CPU kernel (the profiler shows it as one op) and also a
+    # CompositeImplicitAutograd decomposition; it once arrived as sigmoid/fill_/sub_/mul/add rows.
+    x, g = torch.randn(4, 5, requires_grad=True), torch.randn(4, 5)
+    df = costs_of(lambda: F.silu(x).backward(g))
+    assert only(df, "aten::silu_backward").flops == 10 * 20
+    assert only(df, "aten::silu_backward").bytes_moved == 4 * 3 * 20
+    assert not df["name"].isin(["aten::sigmoid", "aten::sub", "aten::sub_"]).any(), df["name"].tolist()
+
+
+def test_composites_decompose_as_aten_runs_them():
+    # Under inference_mode composites reach the recorder whole and are decomposed with ATen's own
+    # kernel: eval-mode dropout returns its input (torch._decomp's Python version clones it).
+    x, lin = torch.randn(4, 6), torch.nn.Linear(6, 3)
+    with torch.inference_mode():
+        df = costs_of(lambda: lin(F.dropout(x, 0.1, training=False)))
+    assert df["name"].tolist() == ["aten::t", "aten::addmm"]
+    assert only(df, "aten::addmm").flops == 2 * 4 * 6 * 3
+
+
 def test_cross_entropy_and_embedding():
     logits, target = torch.randn(8, 5), torch.randint(0, 5, (8,))
     df = costs_of(lambda: F.cross_entropy(logits, target))

@@ -30,11 +30,28 @@ def test_zoo_model_captures(name, mode, tmp_path):
     ops = ev[ev["kind"] == "cpu_op"]
     assert ops["flops"].sum() > 0 and ops["bytes_moved"].sum() > 0
     join = res.trace.meta["capture"]["join"]
-    assert join["match_rate"] >= 0.9, join
+    assert join["match_rate"] == 1.0, join
     # the joined FLOPs equal the recorded FLOPs of the matched ops: none invented, none doubled
     assert ops["flops"].sum() <= res.trace.meta["capture"]["costs"]["flops"] + 1e-6
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (2, 2)
     assert res.sources_off["nvml"].startswith("device is cpu")
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_hf_model_captures_with_every_op_joined(name, mode, tmp_path):
+    pytest.importorskip("transformers")
+    res = capture(f"hf:{name}", CapturePlan(mode=mode, wait=0, warmup=1, active=1), tmp_path, size="tiny")
+    join = res.trace.meta["capture"]["join"]
+    # The one known miss: GPT-2's torch.where(mask, x, scalar) is a composite the profiler shows
+    # whole with its scalar_tensor nested inside, while the recorder sees that scalar_tensor.
+    assert set(join["unmatched_names"]) <= {"aten::scalar_tensor"}, join
+    assert join["match_rate"] >= 0.99, join
+    ops = res.trace.events[res.trace.events["kind"] == "cpu_op"]
+    # ops with a kernel of their own (LLaMA's SwiGLU backward) joined whole, with their FLOPs
+    silu_bwd = ops[ops["name"] == "aten::silu_backward"]
+    assert (len(silu_bwd) > 0) == (name == "llama" and mode == "train")
+    assert (silu_bwd["flops"] > 0).all(), silu_bwd[["name", "flops"]]
 
 
 def test_naive_modules_are_plain_named_modules():
