@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from profiler.capture.backends import CapturePlan
-from profiler.capture.runner import capture
+from profiler.capture.flops import record_costs
+from profiler.capture.runner import capture, loss_of
+from profiler.capture.spec import load_spec
 from profiler.capture.zoo import build_zoo, zoo_models
 from profiler.capture.zoo.layers import NaiveAttention, NaiveGELU, NaiveLayerNorm, NaiveRMSNorm, RotaryEmbedding, SwiGLU
 
@@ -52,6 +54,30 @@ def test_hf_model_captures_with_every_op_joined(name, mode, tmp_path):
     silu_bwd = ops[ops["name"] == "aten::silu_backward"]
     assert (len(silu_bwd) > 0) == (name == "llama" and mode == "train")
     assert (silu_bwd["flops"] > 0).all(), silu_bwd[["name", "flops"]]
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("name", MODELS)
+def test_flops_agree_with_torch_flop_counter(name, mode):
+    """An independent count: on every op torch.utils.flop_counter counts (matmuls, convolutions,
+    their backwards), the cost pass has the same FLOPs; it adds the ops torch counts as 0."""
+    lm = load_spec(name, size="tiny")
+    lm.model.train(mode == "train")
+
+    def step(_):
+        if mode == "train":
+            loss_of(lm.call()).backward()
+        else:
+            with torch.inference_mode():
+                lm.call()
+
+    counter = torch.utils.flop_counter.FlopCounterMode(display=False)
+    with counter:
+        step(0)
+    theirs = {str(op).replace("aten.", "aten::"): n for op, n in counter.get_flop_counts()["Global"].items()}
+    ours = record_costs(step, 1).groupby("name")["flops"].sum()
+    assert theirs and sum(theirs.values()) > 0
+    assert {op: ours.get(op) for op in theirs} == theirs
 
 
 def test_naive_modules_are_plain_named_modules():
