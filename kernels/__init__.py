@@ -4,7 +4,8 @@ Public API (stable names; each function takes an optional `provider=` keyword):
 layer_norm, rms_norm, add_layer_norm, add_rms_norm, bias_gelu, gelu, swiglu, geglu, softmax,
 rope, cross_entropy, fused_linear_cross_entropy, AdamW, LAMB, KERNELS, available_providers,
 provider_choice (which provider a call gets, chosen by measurement: see kernels/tuning.py),
-output_pool_stats / empty_output_pool (the pool that large CPU outputs come from: kernels/_alloc.py).
+output_pool_stats / empty_output_pool (the pool that large CPU outputs come from: kernels/_alloc.py),
+op_cost (FLOPs and bytes of one call of a `torch.ops.fusionlens.*` op, for profilers).
 
 Importing the package imports every kernel family module (they import only torch and the
 registry) but compiles nothing and queries no device: the C++ extension is built on the first
@@ -14,7 +15,7 @@ submodule of that name exists.
 """
 from __future__ import annotations
 
-from kernels.registry import KERNELS, available_providers
+from kernels.registry import KERNELS, available_providers, op_cost
 from kernels.norms import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from kernels.activations import bias_gelu, geglu, gelu, swiglu
 from kernels.softmax import softmax
@@ -30,7 +31,7 @@ FAMILIES: tuple[str, ...] = ("kernels.norms", "kernels.activations", "kernels.so
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "gelu",
            "swiglu", "geglu", "softmax", "rope", "cross_entropy", "fused_linear_cross_entropy",
            "AdamW", "LAMB", "KERNELS", "available_providers", "provider_choice", "load_all",
-           "output_pool_stats", "empty_output_pool"]
+           "output_pool_stats", "empty_output_pool", "op_cost"]
 
 
 def load_all() -> dict:

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.providers import provider_ops
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import (Cost, KernelSpec, Supports, dispatch, io_bytes, new_output, op_only_cost,
+                              register_kernel, register_op_cost)
 
 # Activation codes shared with the C++ and Triton kernels.
 KIND_SILU, KIND_GELU_ERF, KIND_GELU_TANH = 0, 1, 2
@@ -171,23 +172,57 @@ def _check_glu(a: torch.Tensor, b: Any = None, *_: Any, **__: Any) -> str | None
     return _check_same(a, b)
 
 
-def _gelu_cost(x: torch.Tensor, approximate: str = "none") -> Cost:
+def _act_cost(x: torch.Tensor, bias: torch.Tensor | None, kind: int) -> Cost:
+    """act(x [+ bias]) in one pass: read x (and bias), write y; eager writes and re-reads x + bias."""
     n, e = x.numel(), x.element_size()
-    return Cost(flops=_FLOPS[_gelu_kind(approximate)] * n, bytes_fused=2.0 * n * e, bytes_unfused=2.0 * n * e)
+    if bias is None:
+        return Cost(flops=_FLOPS[kind] * n, bytes_fused=2.0 * n * e, bytes_unfused=2.0 * n * e)
+    nb = bias.numel() * bias.element_size()
+    return Cost(flops=(_FLOPS[kind] + 1.0) * n, bytes_fused=2.0 * n * e + nb, bytes_unfused=4.0 * n * e + nb)
+
+
+def _gelu_cost(x: torch.Tensor, approximate: str = "none") -> Cost:
+    return _act_cost(x, None, _gelu_kind(approximate))
 
 
 def _bias_gelu_cost(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> Cost:
-    n, e, nb = x.numel(), x.element_size(), bias.numel() * bias.element_size()
-    flops = (_FLOPS[_gelu_kind(approximate)] + 1.0) * n
-    return Cost(flops=flops, bytes_fused=2.0 * n * e + nb, bytes_unfused=4.0 * n * e + nb)
+    return _act_cost(x, bias, _gelu_kind(approximate))
+
+
+def _glu_kind_cost(a: torch.Tensor, kind: int) -> Cost:
+    """act(a) * b in one pass: read a and b, write y; eager writes and re-reads act(a)."""
+    n, e = a.numel(), a.element_size()
+    return Cost(flops=(_FLOPS[kind] + 1.0) * n, bytes_fused=3.0 * n * e, bytes_unfused=5.0 * n * e)
 
 
 def _glu_cost(kind: int):
     def cost(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> Cost:
-        n, e = a.numel(), a.element_size()
-        k = kind if kind == KIND_SILU else _gelu_kind(approximate)
-        return Cost(flops=(_FLOPS[k] + 1.0) * n, bytes_fused=3.0 * n * e, bytes_unfused=5.0 * n * e)
+        return _glu_kind_cost(a, kind if kind == KIND_SILU else _gelu_kind(approximate))
     return cost
+
+
+# The library ops as a profiler sees them (kernels/registry.py, OP_COSTS). A backward recomputes
+# act(x) and its derivative (about twice the forward's FLOPs) and multiplies by the incoming grad.
+@register_op_cost("act_fwd")
+def _act_fwd_op(x, bias, out, kind, **_: Any) -> Cost:
+    return _act_cost(x, bias, kind)
+
+
+@register_op_cost("act_bwd")
+def _act_bwd_op(grad, x, bias, grad_x, grad_bias, kind, **_: Any) -> Cost:
+    n = x.numel()
+    flops = (2.0 * _FLOPS[kind] + 1.0 + (bias is not None) + (grad_bias is not None)) * n
+    return op_only_cost(flops, io_bytes(grad, x, bias, grad_x, grad_bias))
+
+
+@register_op_cost("glu_fwd")
+def _glu_fwd_op(a, b, out, kind, **_: Any) -> Cost:
+    return _glu_kind_cost(a, kind)
+
+
+@register_op_cost("glu_bwd")
+def _glu_bwd_op(grad, a, b, grad_a, grad_b, kind, **_: Any) -> Cost:
+    return op_only_cost((3.0 * _FLOPS[kind] + 3.0) * a.numel(), io_bytes(grad, a, b, grad_a, grad_b))
 
 
 def _aten_gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

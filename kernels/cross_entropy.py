@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, validate
-from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, register_kernel
+from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost,
+                              register_kernel, register_op_cost)
 
 def reduce_rows(loss_rows: torch.Tensor, valid: torch.Tensor, reduction: str,
                 dtype: torch.dtype) -> torch.Tensor:
@@ -100,6 +101,24 @@ def _cost(logits, target, *args, **kwargs) -> Cost:
     small = n * (target.element_size() + 8)
     return Cost(flops=4.0 * n * v, bytes_fused=float(n * v * es + small),
                 bytes_unfused=float(3 * n * v * es + small))
+
+
+# The row ops as a profiler sees them (OP_COSTS): the forward is the KernelSpec's cost; the
+# backward reads the logits once more (x - lse, exp, minus the target's share, times the row's
+# grad: 3 FLOPs an element) and writes the gradient; ce_fused_ does both, in place.
+@register_op_cost("ce_forward")
+def _forward_op(logits, target, ignore_index, label_smoothing, loss_rows, lse, **_) -> Cost:
+    return _cost(logits, target)
+
+
+@register_op_cost("ce_backward")
+def _backward_op(logits, target, lse, grad_rows, ignore_index, label_smoothing, grad, **_) -> Cost:
+    return op_only_cost(3.0 * logits.numel(), io_bytes(logits, target, lse, grad_rows, grad))
+
+
+@register_op_cost("ce_fused_")
+def _fused_op(logits, target, ignore_index, label_smoothing, grad_scale, loss_rows, **_) -> Cost:
+    return op_only_cost(7.0 * logits.numel(), io_bytes(logits, logits, target, loss_rows))
 
 
 SPEC = register_kernel(KernelSpec(

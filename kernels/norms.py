@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.norm_function import apply_norm
-from kernels.registry import Cost, KernelSpec, Supports, dispatch, register_kernel
+from kernels.registry import Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost, register_kernel, register_op_cost
 
 _CASTINGS = ("llama", "gemma")
 _LOW = (torch.float16, torch.bfloat16)
@@ -191,7 +191,6 @@ def _norm_cost(x, weight, bias, residual: bool, kind: str, casting: str = "llama
     if kind == "ln":
         unfused += e * fs * (1 + 2 + 2 + 1 + 2 + 2 + 2 * has_w + 2 * has_b) + params
         unfused += e * (fs + es) if low else 0  # .to(x.dtype)
-        flops = (8.0 + has_w + has_b) * e
     else:
         unfused += e * fs * (2 + 1 + 2) + params  # pow, mean, * rstd
         if casting == "llama":
@@ -200,9 +199,54 @@ def _norm_cost(x, weight, bias, residual: bool, kind: str, casting: str = "llama
         else:
             unfused += 2 * e * fs * has_w  # normed * (offset + w.float())
             unfused += e * (fs + es) if low else 0  # .to(x.dtype)
-        flops = (4.0 + has_w) * e
-    flops += e * residual
-    return Cost(flops=flops, bytes_fused=float(fused), bytes_unfused=float(unfused))
+    return Cost(flops=_norm_flops(e, kind, has_w, has_b, residual), bytes_fused=float(fused),
+                bytes_unfused=float(unfused))
+
+
+def _norm_flops(e: int, kind: str, has_w: bool, has_b: bool, residual: bool) -> float:
+    """Forward FLOPs over e elements: LN 8 an element (mean, centre, square, variance, scale), RMS 4
+    (square, sum, scale), +1 each for the weight, the bias and the residual add."""
+    return ((8.0 if kind == "ln" else 4.0) + has_w + has_b + residual) * e
+
+
+def _norm_bwd_flops(e: int, kind: str, has_w: bool, has_b: bool, dadd: bool) -> float:
+    """Backward FLOPs over e elements. LN: xhat 2, the two row sums 3, dx 4 (9), + weight (g = dy * w,
+    dw += dy * xhat: 3) + bias (db += dy: 1). RMS: the row sum 2, dx 3 (5), + weight (g, dw: 4).
+    +1 for the residual's incoming grad."""
+    per = 9.0 + 3 * has_w + has_b if kind == "ln" else 5.0 + 4 * has_w
+    return (per + dadd) * e
+
+
+# The library ops as a profiler sees them (OP_COSTS): the row kernels on the fp32 effective
+# parameters they are handed, bytes as they read and write them; norm_train whole (inference).
+@register_op_cost("layer_norm_fwd")
+def _ln_fwd_op(x, residual, weight, bias, eps, y, sum_out, mean, rstd, **_: Any) -> Cost:
+    return op_only_cost(_norm_flops(x.numel(), "ln", weight is not None, bias is not None, residual is not None),
+                        io_bytes(x, residual, weight, bias, y, sum_out, mean, rstd))
+
+
+@register_op_cost("rms_norm_fwd")
+def _rms_fwd_op(x, residual, weight, eps, llama_cast, y, sum_out, rstd, **_: Any) -> Cost:
+    return op_only_cost(_norm_flops(x.numel(), "rms", weight is not None, False, residual is not None),
+                        io_bytes(x, residual, weight, y, sum_out, rstd))
+
+
+@register_op_cost("layer_norm_bwd")
+def _ln_bwd_op(dy, x, weight, mean, rstd, dadd, dx, dw, db, **_: Any) -> Cost:
+    return op_only_cost(_norm_bwd_flops(x.numel(), "ln", weight is not None, db.numel() > 0, dadd is not None),
+                        io_bytes(dy, x, weight, mean, rstd, dadd, dx, dw, db))
+
+
+@register_op_cost("rms_norm_bwd")
+def _rms_bwd_op(dy, x, weight, rstd, dadd, llama_cast, dx, dw, **_: Any) -> Cost:
+    return op_only_cost(_norm_bwd_flops(x.numel(), "rms", weight is not None, False, dadd is not None),
+                        io_bytes(dy, x, weight, rstd, dadd, dx, dw))
+
+
+@register_op_cost("norm_train")
+def _norm_train_op(x, residual, weight, bias, eps, offset, rms, llama_cast, **_: Any) -> Cost:
+    return _norm_cost(x, weight, bias, residual is not None, "rms" if rms else "ln",
+                      "llama" if llama_cast else "gemma")
 
 
 def _ln_cost(x, weight=None, bias=None, eps=1e-5):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernels import optim_common as oc
-from kernels.registry import Cost, KernelSpec, Supports, register_kernel
+from kernels.registry import Cost, KernelSpec, Supports, register_kernel, register_op_cost, total_cost
 
 
 def _reference(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2,
@@ -69,6 +69,12 @@ def _cost(p: torch.Tensor, *args, amsgrad: bool = False, **kwargs) -> Cost:
     n, es = p.numel(), p.element_size()
     return Cost(flops=16.0 * n, bytes_fused=(7.0 + 2 * amsgrad) * n * es,
                 bytes_unfused=(20.0 + 3 * amsgrad) * n * es)
+
+
+@register_op_cost("adamw_step_")
+def _step_op(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=False, **_) -> Cost:
+    """One launch over a list of parameters: the KernelSpec's cost of each, summed."""
+    return total_cost(_cost(p, amsgrad=amsgrad) for p in params)
 
 
 SPEC = register_kernel(KernelSpec(

@@ -22,7 +22,8 @@ import math
 import torch
 
 from kernels import optim_common as oc
-from kernels.registry import Cost, KernelSpec, Supports, register_kernel
+from kernels.registry import (Cost, KernelSpec, Supports, io_bytes, op_only_cost, register_kernel, register_op_cost,
+                              total_cost)
 
 
 def _reference(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
@@ -74,6 +75,18 @@ def _cost(p: torch.Tensor, *args, **kwargs) -> Cost:
     ||u|| 1, lr * ratio * u 2, p.sub_ 3 (the test reference adds casts and copies to this)."""
     n, es = p.numel(), p.element_size()
     return Cost(flops=24.0 * n, bytes_fused=10.0 * n * es, bytes_unfused=37.0 * n * es)
+
+
+@register_op_cost("lamb_step_")
+def _step_op(params, grads, exp_avgs, exp_avg_sqs, steps, **_) -> Cost:
+    """One launch over a list of parameters: the KernelSpec's cost of each, summed."""
+    return total_cost(_cost(p) for p in params)
+
+
+@register_op_cost("multi_sumsq")
+def _sumsq_op(tensors, **_) -> Cost:
+    """Sum of squares of each tensor (the global grad norm): 2 FLOPs an element, one fp64 out each."""
+    return op_only_cost(2.0 * sum(t.numel() for t in tensors), io_bytes(tensors) + 8.0 * len(tensors))
 
 
 SPEC = register_kernel(KernelSpec(

@@ -103,6 +103,66 @@ def register_kernel(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
+# The library ops (`torch.ops.fusionlens.*`) the providers run, as a profiler sees them: op name
+# ("act_fwd") -> fn(**the op's arguments by schema name) -> Cost of that one call. Forward ops read
+# their KernelSpec's `cost`, so a capture's roofline and the advisor count the same FLOPs and bytes
+# (bytes_fused: what the op reads and writes); backward ops are counted the same way.
+OP_COSTS: dict[str, Callable[..., Cost]] = {}
+# Library ops that do no arithmetic on tensors: which instruction set a family runs, the output
+# pool's controls and its allocation (a profiler counts allocations as such).
+NO_COMPUTE_OPS = frozenset({"activations_isa", "cross_entropy_isa", "norms_isa", "optim_isa", "rope_isa",
+                            "softmax_isa", "empty_pooled", "pool_configure", "pool_empty", "pool_stats"})
+
+
+def register_op_cost(*names: str):
+    """Decorator: the Cost of one call of each named `fusionlens::` op (a duplicate raises)."""
+    def wrap(fn: Callable[..., Cost]) -> Callable[..., Cost]:
+        for name in names:
+            if name in OP_COSTS:
+                raise ValueError(f"op cost for fusionlens::{name} is already registered")
+            OP_COSTS[name] = fn
+        return fn
+    return wrap
+
+
+def io_bytes(*tensors: Any) -> float:
+    """Bytes of the given tensors (lists flattened, None skipped; broadcast dims once): each one
+    read or written once."""
+    total = 0
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            total += io_bytes(*t)
+        elif isinstance(t, torch.Tensor) and t.numel():
+            distinct = 1  # broadcast (stride-0) dims are read once
+            for size, stride in zip(t.shape, t.stride()):
+                distinct *= size if stride else 1
+            total += distinct * t.element_size()
+    return float(total)
+
+
+def op_only_cost(flops: float, nbytes: float) -> Cost:
+    """Cost of a library op whose eager chain is not modelled (backward ops): unfused = fused."""
+    return Cost(flops=float(flops), bytes_fused=nbytes, bytes_unfused=nbytes)
+
+
+def total_cost(costs: Any) -> Cost:
+    """The sum of several Costs (one launch over many tensors)."""
+    f = bf = bu = 0.0
+    for c in costs:
+        f, bf, bu = f + c.flops, bf + c.bytes_fused, bu + c.bytes_unfused
+    return Cost(flops=f, bytes_fused=bf, bytes_unfused=bu)
+
+
+def op_cost(name: str, **arguments: Any) -> Cost | None:
+    """Cost of one call of library op `name` ("act_fwd" or "fusionlens::act_fwd") given its
+    arguments by schema name; Cost(0, 0, 0) for ops that compute nothing; None when unknown."""
+    short = name.split("::")[-1]
+    if short in NO_COMPUTE_OPS:
+        return Cost(0.0, 0.0, 0.0)
+    fn = OP_COSTS.get(short)
+    return None if fn is None else fn(**arguments)
+
+
 def register_provider_probe(provider: str):
     """Decorator: register the availability probe of a provider (run lazily, once)."""
 

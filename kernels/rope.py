@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from kernels.providers import provider_ops
-from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output_like, register_kernel
+from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output_like,
+                              op_only_cost, register_kernel, register_op_cost)
 
 
 # ---------------------------------------------------------------- reference (the truth for tests)
@@ -141,6 +142,13 @@ def _cost(q, k, cos, sin) -> Cost:
     n, e = q.numel() + k.numel(), q.element_size()
     table = 2.0 * (cos.numel() * cos.element_size() + sin.numel() * sin.element_size())  # per q and k
     return Cost(flops=3.0 * n, bytes_fused=2.0 * n * e + table, bytes_unfused=10.0 * n * e + table)
+
+
+@register_op_cost("rope_apply")
+def _apply_op(x, cos, sin, out, backward, **_: Any) -> Cost:
+    """One of q or k (forward or backward: the same rotation, sin negated): 3 FLOPs an element,
+    read x and the fp32 tables, write out."""
+    return op_only_cost(3.0 * x.numel(), io_bytes(x, cos, sin, out))
 
 
 ROPE_SPEC = register_kernel(KernelSpec(

@@ -27,12 +27,14 @@ also writes and re-reads x * scale, + mask and the filled copy (up to 8ne).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
 
 from kernels.providers import provider_ops
-from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output,
+                              op_only_cost, register_kernel, register_op_cost)
 
 
 # ---------------------------------------------------------------- reference (the truth for tests)
@@ -153,6 +155,18 @@ def _cost(x, dim=-1, scale=1.0, mask=None, causal=False) -> Cost:
     return Cost(flops=5.0 * n + 2.0 * n * (mask is not None),
                 bytes_fused=2.0 * n * e + mask_bytes,
                 bytes_unfused=2.0 * n * e * passes + mask_bytes)
+
+
+@register_op_cost("softmax_fwd")
+def _fwd_op(x, mask, out, scale, causal, **_: Any) -> Cost:
+    return _cost(x, scale=scale, mask=mask, causal=causal)
+
+
+@register_op_cost("softmax_bwd")
+def _bwd_op(grad, y, grad_x, scale, causal, **_: Any) -> Cost:
+    """dx = scale * y * (g - sum(g * y)): read g and y, write dx."""
+    n = y.numel()
+    return op_only_cost((4.0 + (scale != 1.0)) * n, io_bytes(grad, y, grad_x))
 
 
 SOFTMAX_SPEC = register_kernel(KernelSpec(

@@ -102,10 +102,26 @@ def decompose(func: Any, args: tuple, kwargs: dict) -> Any:
     return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
+def library_cost(func: Any, args: tuple, kwargs: dict) -> Any:
+    """FusionLens's own kernels (`torch.ops.fusionlens.*`) count what their registry says
+    (`kernels.op_cost`, the numbers KernelSpec.cost gives the advisor), None for other ops. Their
+    outputs are arguments written in place, which the generic rules would count as read too."""
+    if func.namespace != "fusionlens":
+        return None
+    import kernels  # already loaded: its ops exist only once it is
+
+    bound = dict(zip((a.name for a in func._schema.arguments), args))
+    bound.update(kwargs)
+    return kernels.op_cost(func._schema.name, **bound)
+
+
 def op_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Algorithmic lower bound on bytes moved: inputs + outputs, views 0, BYTE_RULES first."""
     if is_view(func) or is_allocation(func):
         return 0
+    cost = library_cost(func, args, kwargs)
+    if cost is not None:
+        return int(cost.bytes_fused)
     rule = fm.BYTE_RULES.get(func.overloadpacket)
     if rule is not None:
         return int(rule(args, kwargs, out))
@@ -141,6 +157,9 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[float, str
         return float(formula(*args, out_val=out, **kwargs)), "formula"
     if is_allocation(func):
         return 0.0, "allocation"
+    cost = library_cost(func, args, kwargs)
+    if cost is not None:
+        return float(cost.flops), "kernel cost"
     name = func._schema.name.split("::")[-1]
     if name.startswith("_foreach_") and name not in ZERO_FLOP_OPS:
         return float(_foreach_flops(func, args, kwargs, out)), "foreach"

@@ -146,3 +146,67 @@ def test_align_repeated_layers_with_one_sided_ops():
     assert all(prof[i] == rec[j] for i, j in pairs)
     assert len(pairs) == len(rec) - 2  # the extra recorded op and the op deleted from prof
     assert [j for _, j in pairs] == sorted(j for _, j in pairs)
+
+
+FUSED_SPEC = '''
+import torch
+import kernels
+
+
+class Block(torch.nn.Module):
+    """A little of everything the kernels package fuses, each through the cpu provider."""
+
+    def __init__(self, d=32, v=50):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(d))
+        self.ln_w, self.ln_b = torch.nn.Parameter(torch.ones(d)), torch.nn.Parameter(torch.zeros(d))
+        self.up = torch.nn.Linear(d, 2 * d, bias=False)
+        self.bias = torch.nn.Parameter(torch.zeros(d))
+        self.head = torch.nn.Linear(d, v)
+
+    def forward(self, x, t):
+        s, y = kernels.add_rms_norm(x, x, self.w, 1e-6, provider="cpu")
+        y = kernels.add_layer_norm(y, s, self.ln_w, self.ln_b, 1e-5, provider="cpu")[1]
+        a, b = self.up(y).chunk(2, -1)
+        z = kernels.bias_gelu(kernels.swiglu(a, b, provider="cpu"), self.bias, approximate="tanh", provider="cpu")
+        logits = self.head(z)
+        p = kernels.softmax(logits, scale=0.5, provider="cpu")
+        return kernels.cross_entropy(logits.flatten(0, 1), t.flatten(), provider="cpu") + p.mean()
+
+
+def build():
+    return Block(), (torch.randn(2, 8, 32), torch.randint(0, 50, (2, 8)))
+'''
+
+
+def test_capture_of_fusionlens_kernels_counts_them(tmp_path):
+    """A model on the FusionLens kernels: every library op joins with the FLOPs and bytes its
+    registry gives (kernels.op_cost), the C++ norm node's forward and backward included."""
+    import kernels
+    from profiler.capture.runner import capture
+
+    if kernels.available_providers()["cpu"]:
+        pytest.skip(f"cpu provider unavailable: {kernels.available_providers()['cpu']}")
+    spec = tmp_path / "fused_block.py"
+    spec.write_text(FUSED_SPEC)
+    res = capture(f"{spec}:build", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path / "out")
+    meta = res.trace.meta["capture"]
+    assert meta["join"]["match_rate"] == 1.0, meta["join"]
+    assert meta["costs"]["unknown_flop_ops"] == {}
+    ev = res.trace.events
+    lib = ev[(ev["kind"] == "cpu_op") & ev["name"].astype(str).str.startswith("fusionlens::")]
+    computed = lib[~lib["name"].isin(["fusionlens::norm_train", "fusionlens::empty_pooled"])]
+    names = set(computed["name"].astype(str))
+    assert names == {"fusionlens::rms_norm_fwd", "fusionlens::rms_norm_bwd", "fusionlens::layer_norm_fwd",
+                     "fusionlens::layer_norm_bwd", "fusionlens::glu_fwd", "fusionlens::glu_bwd",
+                     "fusionlens::act_fwd", "fusionlens::act_bwd", "fusionlens::softmax_fwd",
+                     "fusionlens::softmax_bwd", "fusionlens::ce_forward", "fusionlens::ce_backward"}
+    assert (computed["flops"] > 0).all() and (computed["bytes_moved"] > 0).all(), computed[["name", "flops"]]
+    # the row kernels run inside norm_train and inside its C++ backward node, where Kineto shows them
+    bwd = ev[ev["name"].astype(str).str.startswith("torch::autograd::CppNode<fusionlens::")]
+    inner = computed[computed["name"] == "fusionlens::rms_norm_bwd"]
+    assert len(bwd) == 2 and len(inner) == 1
+    assert any(n.ts_us <= inner.ts_us.iloc[0] < n.ts_us + n.dur_us for n in bwd.itertuples())
+    # FLOPs as kernels.op_cost counts them: rms forward over 2 x 8 x 32 with weight and residual
+    rms = computed[computed["name"] == "fusionlens::rms_norm_fwd"]
+    assert rms["flops"].tolist() == [(4 + 1 + 1) * 2 * 8 * 32]
