@@ -203,24 +203,24 @@ def _glu_cost(kind: int):
 
 # The library ops as a profiler sees them (kernels/registry.py, OP_COSTS). A backward recomputes
 # act(x) and its derivative (about twice the forward's FLOPs) and multiplies by the incoming grad.
-@register_op_cost("act_fwd")
+@register_op_cost("act_fwd", "triton_act_fwd")
 def _act_fwd_op(x, bias, out, kind, **_: Any) -> Cost:
     return _act_cost(x, bias, kind)
 
 
-@register_op_cost("act_bwd")
+@register_op_cost("act_bwd", "triton_act_bwd")
 def _act_bwd_op(grad, x, bias, grad_x, grad_bias, kind, **_: Any) -> Cost:
     n = x.numel()
     flops = (2.0 * _FLOPS[kind] + 1.0 + (bias is not None) + (grad_bias is not None)) * n
     return op_only_cost(flops, io_bytes(grad, x, bias, grad_x, grad_bias))
 
 
-@register_op_cost("glu_fwd")
+@register_op_cost("glu_fwd", "triton_glu_fwd")
 def _glu_fwd_op(a, b, out, kind, **_: Any) -> Cost:
     return _glu_kind_cost(a, kind)
 
 
-@register_op_cost("glu_bwd")
+@register_op_cost("glu_bwd", "triton_glu_bwd")
 def _glu_bwd_op(grad, a, b, grad_a, grad_b, kind, **_: Any) -> Cost:
     return op_only_cost((3.0 * _FLOPS[kind] + 3.0) * a.numel(), io_bytes(grad, a, b, grad_a, grad_b))
 

@@ -106,17 +106,17 @@ def _cost(logits, target, *args, **kwargs) -> Cost:
 # The row ops as a profiler sees them (OP_COSTS): the forward is the KernelSpec's cost; the
 # backward reads the logits once more (x - lse, exp, minus the target's share, times the row's
 # grad: 3 FLOPs an element) and writes the gradient; ce_fused_ does both, in place.
-@register_op_cost("ce_forward")
+@register_op_cost("ce_forward", "triton_ce_forward")
 def _forward_op(logits, target, ignore_index, label_smoothing, loss_rows, lse, **_) -> Cost:
     return _cost(logits, target)
 
 
-@register_op_cost("ce_backward")
+@register_op_cost("ce_backward", "triton_ce_backward")
 def _backward_op(logits, target, lse, grad_rows, ignore_index, label_smoothing, grad, **_) -> Cost:
     return op_only_cost(3.0 * logits.numel(), io_bytes(logits, target, lse, grad_rows, grad))
 
 
-@register_op_cost("ce_fused_")
+@register_op_cost("ce_fused_", "triton_ce_fused_")
 def _fused_op(logits, target, ignore_index, label_smoothing, grad_scale, loss_rows, **_) -> Cost:
     return op_only_cost(7.0 * logits.numel(), io_bytes(logits, logits, target, loss_rows))
 

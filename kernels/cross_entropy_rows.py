@@ -17,7 +17,7 @@ All arithmetic is fp32 whatever the logits' dtype. Outputs are allocated with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -139,27 +139,28 @@ def _aten_fused_(logits, target, ignore_index, eps, grad_scale):
 
 # ---- triton: kernels/triton_cross_entropy.py ---------------------------------------------------
 
-def _triton_forward(logits, target, ignore_index, eps):
-    from kernels import triton_cross_entropy as tce
+def _triton() -> Any:
+    """The Triton row functions, through library ops while profiled (kernels/profiled_ops.py)."""
+    from kernels import profiled_ops
 
+    return profiled_ops.namespace("kernels.triton_cross_entropy")
+
+
+def _triton_forward(logits, target, ignore_index, eps):
     loss_rows, lse = _rows(logits)
-    tce.forward(logits, target, ignore_index, eps, loss_rows, lse)
+    _triton().forward(logits, target, ignore_index, eps, loss_rows, lse)
     return loss_rows, lse
 
 
 def _triton_backward(logits, target, lse, grad_rows, ignore_index, eps):
-    from kernels import triton_cross_entropy as tce
-
     grad = new_output(logits.shape, logits)
-    tce.backward(logits, target, lse, grad_rows, ignore_index, eps, grad)
+    _triton().backward(logits, target, lse, grad_rows, ignore_index, eps, grad)
     return grad
 
 
 def _triton_fused_(logits, target, ignore_index, eps, grad_scale):
-    from kernels import triton_cross_entropy as tce
-
     loss_rows = new_output((logits.shape[0],), logits, torch.float32)
-    tce.fused_(logits, target, ignore_index, eps, float(grad_scale), loss_rows)
+    _triton().fused_(logits, target, ignore_index, eps, float(grad_scale), loss_rows)
     return loss_rows
 
 

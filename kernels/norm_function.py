@@ -139,9 +139,9 @@ def _no_fake_output(*args, **kwargs) -> None:
 
 
 def _triton_ops():
-    from kernels import triton_norms
+    from kernels import profiled_ops
 
-    return triton_norms
+    return profiled_ops.namespace("kernels.triton_norms")
 
 
 _OPS = {"cpu": _cpu_ops, "triton": _triton_ops}

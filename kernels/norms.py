@@ -219,25 +219,25 @@ def _norm_bwd_flops(e: int, kind: str, has_w: bool, has_b: bool, dadd: bool) -> 
 
 # The library ops as a profiler sees them (OP_COSTS): the row kernels on the fp32 effective
 # parameters they are handed, bytes as they read and write them; norm_train whole (inference).
-@register_op_cost("layer_norm_fwd")
+@register_op_cost("layer_norm_fwd", "triton_layer_norm_fwd")
 def _ln_fwd_op(x, residual, weight, bias, eps, y, sum_out, mean, rstd, **_: Any) -> Cost:
     return op_only_cost(_norm_flops(x.numel(), "ln", weight is not None, bias is not None, residual is not None),
                         io_bytes(x, residual, weight, bias, y, sum_out, mean, rstd))
 
 
-@register_op_cost("rms_norm_fwd")
+@register_op_cost("rms_norm_fwd", "triton_rms_norm_fwd")
 def _rms_fwd_op(x, residual, weight, eps, llama_cast, y, sum_out, rstd, **_: Any) -> Cost:
     return op_only_cost(_norm_flops(x.numel(), "rms", weight is not None, False, residual is not None),
                         io_bytes(x, residual, weight, y, sum_out, rstd))
 
 
-@register_op_cost("layer_norm_bwd")
+@register_op_cost("layer_norm_bwd", "triton_layer_norm_bwd")
 def _ln_bwd_op(dy, x, weight, mean, rstd, dadd, dx, dw, db, **_: Any) -> Cost:
     return op_only_cost(_norm_bwd_flops(x.numel(), "ln", weight is not None, db.numel() > 0, dadd is not None),
                         io_bytes(dy, x, weight, mean, rstd, dadd, dx, dw, db))
 
 
-@register_op_cost("rms_norm_bwd")
+@register_op_cost("rms_norm_bwd", "triton_rms_norm_bwd")
 def _rms_bwd_op(dy, x, weight, rstd, dadd, llama_cast, dx, dw, **_: Any) -> Cost:
     return op_only_cost(_norm_bwd_flops(x.numel(), "rms", weight is not None, False, dadd is not None),
                         io_bytes(dy, x, weight, rstd, dadd, dx, dw))

@@ -1,12 +1,12 @@
 """Where a provider's compiled ops live, resolved lazily and cached.
 
 `cpu`: the one C++ extension's `torch.ops.fusionlens` namespace (built on first use);
-`triton`: the kernel family's Triton module (imported on first use, so Triton stays optional).
+`triton`: the kernel family's Triton functions (imported on first use, so Triton stays optional),
+wrapped by `kernels/profiled_ops.py` so that a profiler sees them.
 """
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Any
 
 import torch
@@ -20,6 +20,8 @@ def provider_ops(provider: str, triton_module: str) -> Any:
 
         load_cpu_ops()
         return torch.ops.fusionlens
-    if provider == "triton":
-        return importlib.import_module(triton_module)
+    if provider == "triton":  # the module's functions, through library ops while profiled
+        from kernels import profiled_ops
+
+        return profiled_ops.namespace(triton_module)
     raise ValueError(f"provider {provider!r} has no compiled ops")

@@ -144,7 +144,7 @@ def _cost(q, k, cos, sin) -> Cost:
     return Cost(flops=3.0 * n, bytes_fused=2.0 * n * e + table, bytes_unfused=10.0 * n * e + table)
 
 
-@register_op_cost("rope_apply")
+@register_op_cost("rope_apply", "triton_rope_apply")
 def _apply_op(x, cos, sin, out, backward, **_: Any) -> Cost:
     """One of q or k (forward or backward: the same rotation, sin negated): 3 FLOPs an element,
     read x and the fp32 tables, write out."""

@@ -157,12 +157,12 @@ def _cost(x, dim=-1, scale=1.0, mask=None, causal=False) -> Cost:
                 bytes_unfused=2.0 * n * e * passes + mask_bytes)
 
 
-@register_op_cost("softmax_fwd")
+@register_op_cost("softmax_fwd", "triton_softmax_fwd")
 def _fwd_op(x, mask, out, scale, causal, **_: Any) -> Cost:
     return _cost(x, scale=scale, mask=mask, causal=causal)
 
 
-@register_op_cost("softmax_bwd")
+@register_op_cost("softmax_bwd", "triton_softmax_bwd")
 def _bwd_op(grad, y, grad_x, scale, causal, **_: Any) -> Cost:
     """dx = scale * y * (g - sum(g * y)): read g and y, write dx."""
     n = y.numel()

@@ -1,0 +1,116 @@
+"""The Triton provider's entry points, as library ops while a profiler or a dispatch mode watches.
+
+Kineto and a TorchDispatchMode (the capture's FLOPs/bytes pass) see only what goes through the
+dispatcher, and the Triton provider launches its kernels from Python. So while either is active,
+each entry point runs as `torch.ops.fusionlens.triton_<name>`, with the schema and argument names of
+the C++ op of the same job: Kineto shows a cpu_op that the launched GPU kernels link to, and the
+cost pass records it with its arguments (`kernels.op_cost`, the same numbers as the C++ op). The
+rest of the time, and under torch.compile, the module function is called directly: no dispatcher
+on the hot path. The ops are defined on first use, with impls for CUDA and, for Triton's CPU
+interpreter, CPU.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+# C++ op name -> (Triton module, function, schema arguments): the C++ op's, name for name.
+ENTRY_POINTS: dict[str, tuple[str, str, str]] = {
+    "act_fwd": ("kernels.triton_activations", "act_fwd", "Tensor x, Tensor? bias, Tensor(a!) out, int kind"),
+    "act_bwd": ("kernels.triton_activations", "act_bwd",
+                "Tensor grad, Tensor x, Tensor? bias, Tensor(a!) grad_x, Tensor(b!)? grad_bias, int kind"),
+    "glu_fwd": ("kernels.triton_activations", "glu_fwd", "Tensor a, Tensor b, Tensor(a!) out, int kind"),
+    "glu_bwd": ("kernels.triton_activations", "glu_bwd",
+                "Tensor grad, Tensor a, Tensor b, Tensor(a!) grad_a, Tensor(b!) grad_b, int kind"),
+    "softmax_fwd": ("kernels.triton_softmax", "softmax_fwd",
+                    "Tensor x, Tensor? mask, Tensor(a!) out, float scale, bool causal"),
+    "softmax_bwd": ("kernels.triton_softmax", "softmax_bwd",
+                    "Tensor grad, Tensor y, Tensor(a!) grad_x, float scale, bool causal"),
+    "rope_apply": ("kernels.triton_rope", "rope_apply",
+                   "Tensor x, Tensor cos, Tensor sin, Tensor(a!) out, bool backward"),
+    "layer_norm_fwd": ("kernels.triton_norms", "layer_norm_fwd",
+                       "Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, Tensor(a!) y, "
+                       "Tensor(b!) sum_out, Tensor(c!) mean, Tensor(d!) rstd"),
+    "layer_norm_bwd": ("kernels.triton_norms", "layer_norm_bwd",
+                       "Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, Tensor? dadd, "
+                       "Tensor(a!) dx, Tensor(b!) dw, Tensor(c!) db"),
+    "rms_norm_fwd": ("kernels.triton_norms", "rms_norm_fwd",
+                     "Tensor x, Tensor? residual, Tensor? weight, float eps, bool llama_cast, Tensor(a!) y, "
+                     "Tensor(b!) sum_out, Tensor(c!) rstd"),
+    "rms_norm_bwd": ("kernels.triton_norms", "rms_norm_bwd",
+                     "Tensor dy, Tensor x, Tensor? weight, Tensor rstd, Tensor? dadd, bool llama_cast, "
+                     "Tensor(a!) dx, Tensor(b!) dw"),
+    "ce_forward": ("kernels.triton_cross_entropy", "forward",
+                   "Tensor logits, Tensor target, int ignore_index, float label_smoothing, "
+                   "Tensor(a!) loss_rows, Tensor(b!) lse"),
+    "ce_backward": ("kernels.triton_cross_entropy", "backward",
+                    "Tensor logits, Tensor target, Tensor lse, Tensor grad_rows, int ignore_index, "
+                    "float label_smoothing, Tensor(a!) grad"),
+    "ce_fused_": ("kernels.triton_cross_entropy", "fused_",
+                  "Tensor(a!) logits, Tensor target, int ignore_index, float label_smoothing, float grad_scale, "
+                  "Tensor(b!) loss_rows"),
+}
+PREFIX = "triton_"
+
+_lock = threading.Lock()
+_library: Any = None
+
+
+def watched() -> bool:
+    """A profiler records, or a dispatch mode intercepts, and no compiler is tracing."""
+    if torch.compiler.is_compiling():
+        return False
+    return bool(torch.autograd.profiler._is_profiler_enabled) or torch._C._len_torch_dispatch_stack() > 0
+
+
+def define_ops() -> None:
+    """Define every `fusionlens::triton_<name>` op once (impls for CUDA and CPU, a no-op fake)."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return
+        lib = torch.library.Library("fusionlens", "FRAGMENT")
+        for name, (module, function, args) in ENTRY_POINTS.items():
+            lib.define(f"{PREFIX}{name}({args}) -> ()")
+            impl = _direct(module, function)
+            for key in ("CUDA", "CPU"):
+                lib.impl(f"{PREFIX}{name}", impl, key)
+            torch.library.register_fake(f"fusionlens::{PREFIX}{name}", lib=lib)(_writes_only)
+        _library = lib
+
+
+def _writes_only(*args: Any, **kwargs: Any) -> None:
+    """Fake kernel: the ops write into arguments and return nothing."""
+    return None
+
+
+def _direct(module: str, function: str) -> Callable[..., None]:
+    return getattr(importlib.import_module(module), function)
+
+
+def entry(name: str) -> Callable[..., None]:
+    """The callable the provider uses for C++ op `name`: the Triton function itself, through its
+    library op while `watched()`."""
+    module, function, _ = ENTRY_POINTS[name]
+    direct = _direct(module, function)
+
+    @functools.wraps(direct)
+    def call(*args: Any) -> None:
+        if not watched():
+            return direct(*args)
+        define_ops()
+        return getattr(torch.ops.fusionlens, PREFIX + name)(*args)
+
+    return call
+
+
+@functools.cache
+def namespace(module: str) -> SimpleNamespace:
+    """The entry points of one Triton module, under the names its callers use."""
+    return SimpleNamespace(**{function: entry(name) for name, (mod, function, _) in ENTRY_POINTS.items()
+                              if mod == module})
