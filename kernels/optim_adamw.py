@@ -57,9 +57,9 @@ def _aten(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
 
 
 def _triton(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, **hp):
-    from kernels import triton_optim
+    from kernels import profiled_ops
 
-    triton_optim.adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, **hp)
+    profiled_ops.namespace("kernels.triton_optim").adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, **hp)
 
 
 def _cost(p: torch.Tensor, *args, amsgrad: bool = False, **kwargs) -> Cost:
@@ -71,7 +71,7 @@ def _cost(p: torch.Tensor, *args, amsgrad: bool = False, **kwargs) -> Cost:
                 bytes_unfused=(20.0 + 3 * amsgrad) * n * es)
 
 
-@register_op_cost("adamw_step_")
+@register_op_cost("adamw_step_", "triton_adamw_step_")
 def _step_op(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=False, **_) -> Cost:
     """One launch over a list of parameters: the KernelSpec's cost of each, summed."""
     return total_cost(_cost(p, amsgrad=amsgrad) for p in params)

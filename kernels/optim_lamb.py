@@ -63,9 +63,9 @@ def _cpu(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, 
 
 
 def _triton(params, grads, exp_avgs, exp_avg_sqs, steps, **hp):
-    from kernels import triton_optim
+    from kernels import profiled_ops
 
-    triton_optim.lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, **hp)
+    profiled_ops.namespace("kernels.triton_optim").lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, **hp)
 
 
 def _cost(p: torch.Tensor, *args, **kwargs) -> Cost:
@@ -77,7 +77,7 @@ def _cost(p: torch.Tensor, *args, **kwargs) -> Cost:
     return Cost(flops=24.0 * n, bytes_fused=10.0 * n * es, bytes_unfused=37.0 * n * es)
 
 
-@register_op_cost("lamb_step_")
+@register_op_cost("lamb_step_", "triton_lamb_step_")
 def _step_op(params, grads, exp_avgs, exp_avg_sqs, steps, **_) -> Cost:
     """One launch over a list of parameters: the KernelSpec's cost of each, summed."""
     return total_cost(_cost(p) for p in params)

@@ -54,7 +54,19 @@ ENTRY_POINTS: dict[str, tuple[str, str, str]] = {
     "ce_fused_": ("kernels.triton_cross_entropy", "fused_",
                   "Tensor(a!) logits, Tensor target, int ignore_index, float label_smoothing, float grad_scale, "
                   "Tensor(b!) loss_rows"),
+    "adamw_step_": ("kernels.triton_optim", "adamw_step",
+                    "Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+                    "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, "
+                    "float eps, float weight_decay, bool amsgrad, bool maximize"),
+    "lamb_step_": ("kernels.triton_optim", "lamb_step",
+                   "Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+                   "Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
+                   "float grad_divisor, bool bias_correction, bool adam_w_mode, bool grad_averaging, "
+                   "bool use_nvlamb"),
 }
+# Entry points whose Python function takes its hyper-parameters by keyword: how many of the
+# schema's arguments go by position (the rest by their schema names).
+POSITIONAL = {"adamw_step_": 6, "lamb_step_": 5}
 PREFIX = "triton_"
 
 _lock = threading.Lock()
@@ -77,7 +89,7 @@ def define_ops() -> None:
         lib = torch.library.Library("fusionlens", "FRAGMENT")
         for name, (module, function, args) in ENTRY_POINTS.items():
             lib.define(f"{PREFIX}{name}({args}) -> ()")
-            impl = _direct(module, function)
+            impl = _positional(name, _direct(module, function))
             for key in ("CUDA", "CPU"):
                 lib.impl(f"{PREFIX}{name}", impl, key)
             torch.library.register_fake(f"fusionlens::{PREFIX}{name}", lib=lib)(_writes_only)
@@ -93,18 +105,34 @@ def _direct(module: str, function: str) -> Callable[..., None]:
     return getattr(importlib.import_module(module), function)
 
 
+def _keyword_names(name: str) -> list[str]:
+    """Schema names of the arguments `name`'s Python function takes by keyword."""
+    args = [a.strip().split()[-1] for a in ENTRY_POINTS[name][2].split(",")]
+    return args[POSITIONAL[name]:] if name in POSITIONAL else []
+
+
+def _positional(name: str, fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn` called with every argument by position, in schema order (as the op's impl is)."""
+    names = _keyword_names(name)
+    if not names:
+        return fn
+    n = POSITIONAL[name]
+    return lambda *args: fn(*args[:n], **dict(zip(names, args[n:])))
+
+
 def entry(name: str) -> Callable[..., None]:
     """The callable the provider uses for C++ op `name`: the Triton function itself, through its
-    library op while `watched()`."""
+    library op while `watched()` (keyword arguments put in schema order)."""
     module, function, _ = ENTRY_POINTS[name]
     direct = _direct(module, function)
+    names = _keyword_names(name)
 
     @functools.wraps(direct)
-    def call(*args: Any) -> None:
+    def call(*args: Any, **kwargs: Any) -> None:
         if not watched():
-            return direct(*args)
+            return direct(*args, **kwargs)
         define_ops()
-        return getattr(torch.ops.fusionlens, PREFIX + name)(*args)
+        return getattr(torch.ops.fusionlens, PREFIX + name)(*args, *(kwargs[k] for k in names))
 
     return call
 

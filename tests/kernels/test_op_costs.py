@@ -203,6 +203,16 @@ def run_triton_watched(device: str = "cpu") -> str:
     assert costs["triton_ce_forward"] == [KERNELS["cross_entropy"].cost(logits, target)]
     assert [(c.flops, c.bytes_fused) for c in costs["triton_rope_apply"]] == [(3 * 80, 4 * 240)] * 2
     assert costs["triton_rms_norm_fwd"][0].flops == (4 + 1 + 1) * 15
+    params = [torch.nn.Parameter(t(5, 3, grad=False)), torch.nn.Parameter(t(7, grad=False))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    adamw = kernels.AdamW(params, lr=1e-3, provider="triton")
+    (step,) = caught(adamw.step)["triton_adamw_step_"]
+    assert (step.flops, step.bytes_fused) == (16 * 22, 4 * 7 * 22)
+    lamb = kernels.LAMB(params, lr=1e-3, provider="triton")
+    (step,) = caught(lamb.step)["triton_lamb_step_"]
+    assert (step.flops, step.bytes_fused) == (24 * 22, 4 * 10 * 22)
+    adamw.step()  # unwatched: keywords straight to triton_optim
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         run()
