@@ -251,8 +251,12 @@ class OpCostRecorder(TorchDispatchMode):
             flops, rule = op_flops(func, args, kwargs, out)
         except Exception as exc:  # a formula that cannot read these args: say so, keep running
             flops, rule = math.nan, f"error: {type(exc).__name__}"
+        try:
+            nbytes = float(op_bytes(func, args, kwargs, out))
+        except Exception as exc:  # likewise for a byte rule (a library op's cost function)
+            nbytes, rule = math.nan, f"{rule}; bytes error: {type(exc).__name__}"
         self.rows.append(OpCost(self.step, self._seq, func._schema.name, func._overloadname, flops,
-                                float(op_bytes(func, args, kwargs, out)), rule, *signature(func, args, kwargs)))
+                                nbytes, rule, *signature(func, args, kwargs)))
         self._seq += 1
         return out
 

@@ -157,3 +157,16 @@ def test_allocations_move_no_bytes_whatever_their_namespace():
         rows = df[df["name"] == name]
         assert len(rows) >= 1 and (rows.bytes_moved == 0).all() and (rows.flops == 0).all(), df
     assert (df[df["name"] == "fl_formulas_test::empty_scratch"].rule == "allocation").all()
+
+
+def test_a_failing_byte_rule_is_nan_and_said(monkeypatch):
+    from profiler.capture import flops
+
+    def broken(*args, **kwargs):
+        raise ValueError("cannot read these args")
+
+    monkeypatch.setattr(flops, "op_bytes", broken)
+    x = torch.randn(3, 4)
+    row = only(costs_of(lambda: x * 2), "aten::mul")
+    assert row.flops == 12 and math.isnan(row.bytes_moved)
+    assert row.rule == "pointwise; bytes error: ValueError"
