@@ -74,10 +74,14 @@ _library: Any = None
 
 
 def watched() -> bool:
-    """A profiler records, or a dispatch mode intercepts, and no compiler is tracing."""
+    """A profiler records, or a dispatch mode intercepts, and no compiler is tracing (both flags
+    are private torch names, present in 2.11 and 2.13: read defensively)."""
     if torch.compiler.is_compiling():
         return False
-    return bool(torch.autograd.profiler._is_profiler_enabled) or torch._C._len_torch_dispatch_stack() > 0
+    if getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
+        return True
+    stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return bool(stack_len is not None and stack_len() > 0)
 
 
 def define_ops() -> None:
