@@ -124,8 +124,8 @@ if outcome is None:
 summary = outcome.summary
 st.subheader(outcome.request.label)
 metrics = pv.summary_metrics(summary)
-for row in (metrics[:4], metrics[4:]):
-    for col, (label, value) in zip(st.columns(4), row):
+for start in range(0, len(metrics), 5):
+    for col, (label, value) in zip(st.columns(5), metrics[start:start + 5]):
         col.metric(label, value)
 st.caption(pv.BYTES_NOTE)
 

@@ -263,6 +263,18 @@ def sources_frame(statuses: list) -> pd.DataFrame:
                          "reason": [s.reason for s in statuses]})
 
 
+def join_coverage(summary: Mapping[str, Any]) -> str:
+    """Share of the FLOPs pass's ops that found their profiled op ("96.3%"; ranks summed): short,
+    for a metric tile (the counts are in summary.json's capture.join)."""
+    capture = summary.get("capture") or {}
+    joins = list((capture.get("join_per_rank") or {}).values()) or ([capture["join"]] if capture.get("join") else [])
+    recorded = sum(j.get("recorded_ops", 0) for j in joins)
+    if not recorded:
+        return "-"
+    matched = sum(j.get("matched_ops", 0) for j in joins)
+    return f"{matched / recorded:.1%}"
+
+
 def summary_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, value) pairs for the run's headline numbers, from write_outputs' summary."""
     kinds = summary.get("events_by_kind", {})
@@ -276,6 +288,7 @@ def summary_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("Events", f"{summary.get('events', 0):,}"),
         ("FLOPs counted", si(summary.get("flops_total"), "FLOP")),
         ("Bytes (algorithmic lower bound)", si(summary.get("bytes_moved_total"), "B")),
+        ("FLOPs pass joined", join_coverage(summary)),
         ("Capture time", f"{timings.get('total_s', float('nan')):.1f} s"),
     ]
 

@@ -173,6 +173,8 @@ def test_profile_page_runs_a_tiny_zoo_model(server):
         assert metrics.get("Profiled steps") == "1", metrics
         assert re.fullmatch(r"[\d.,]+ ms", metrics["Median step time"])
         assert int(metrics["CPU ops"].replace(",", "")) > 0
+        assert metrics["FLOPs pass joined"] == "100.0%", metrics
+        assert re.fullmatch(r"[\d.]+ s", metrics["Capture time"]), metrics  # all nine drawn
         assert page.locator("text=Traceback").count() == 0
         shoot(page, ROOT / "tests" / "app" / "screenshots" / "profile.png")
         browser.close()

@@ -295,6 +295,15 @@ def test_summary_metrics_format():
                                  "timings_s": {"total_s": 2.0}}))
     assert m["Median step time"] == "1.500 ms" and m["FLOPs counted"] == "2.5 GFLOP"
     assert m["Bytes (algorithmic lower bound)"] == "1.23 kB" and m["GPU kernels"] == "0"
+    assert m["FLOPs pass joined"] == "-"  # no FLOPs pass
+
+
+def test_join_coverage_of_one_rank_and_of_several():
+    one = {"capture": {"join": {"recorded_ops": 1440, "matched_ops": 1440}}}
+    assert pv.join_coverage(one) == "100.0%"
+    ranks = {"capture": {"join_per_rank": {"0": {"recorded_ops": 903, "matched_ops": 870},
+                                           "1": {"recorded_ops": 903, "matched_ops": 870}}}}
+    assert pv.join_coverage(ranks) == "96.3%"
 
 
 def test_ceilings_note():
