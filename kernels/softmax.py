@@ -159,7 +159,10 @@ def _cost(x, dim=-1, scale=1.0, mask=None, causal=False) -> Cost:
 
 @register_op_cost("softmax_fwd", "triton_softmax_fwd")
 def _fwd_op(x, mask, out, scale, causal, **_: Any) -> Cost:
-    return _cost(x, scale=scale, mask=mask, causal=causal)
+    """The KernelSpec's cost; the mask arrives as a broadcast view of x (`_expanded_mask`), so its
+    bytes are its distinct elements, as the kernel reads them."""
+    spec = _cost(x, scale=scale, mask=mask, causal=causal)
+    return Cost(flops=spec.flops, bytes_fused=io_bytes(x, mask, out), bytes_unfused=spec.bytes_unfused)
 
 
 @register_op_cost("softmax_bwd", "triton_softmax_bwd")

@@ -87,6 +87,10 @@ def test_softmax_ops(cpu_provider) -> None:
     assert fwd == KERNELS["softmax"].cost(x, -1, 0.5, None, True)
     assert (fwd.flops, fwd.bytes_fused) == (5 * 42, 4 * 2 * 42)
     assert (bwd.flops, bwd.bytes_fused) == ((4 + 1) * 42, 4 * 3 * 42)
+    # a padding mask [2, 1, 7] reaches the op as a broadcast view of x: read once, 14 elements
+    mask = torch.zeros(2, 1, 7)
+    (fwd,) = caught(lambda: kernels.softmax(x.detach(), mask=mask, provider="cpu"))["softmax_fwd"]
+    assert (fwd.flops, fwd.bytes_fused) == ((5 + 2) * 42, 4 * (42 + 14 + 42))
 
 
 def test_cross_entropy_ops(cpu_provider) -> None:
