@@ -249,6 +249,8 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     build_s = time.perf_counter() - t0
     say(0, plan.steps, "first step (unprofiled)")
     step(-1)
+    if wrap_model is not None:  # DDP rebuilds its buckets in its 2nd iteration (broadcasting their
+        step(-1)                # indices): keep that one-off out of the FLOPs pass and the profile
     costs = None
     t1 = time.perf_counter()
     if plan.flops:

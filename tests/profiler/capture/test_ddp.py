@@ -19,3 +19,7 @@ def test_two_rank_gloo_capture(tmp_path):
     coll = collectives(res.trace)  # the multi-rank analyses see gloo's all-reduces on both ranks
     assert set(coll["rank"]) == {0, 1} and (coll["count"] > 0).all()
     assert stragglers(res.trace)["n_collectives"].gt(0).all()
+    # every op of the FLOPs pass found its profiled op on both ranks: DDP's one-off bucket rebuild
+    # (2nd iteration, broadcasting bucket indices) happens before the pass, not inside it
+    joins = res.trace.meta["capture"]["join_per_rank"]
+    assert sorted(joins) == [0, 1] and all(j["match_rate"] == 1.0 for j in joins.values()), joins
