@@ -196,17 +196,20 @@ def run_triton_watched(device: str = "cpu") -> str:
         kernels.cross_entropy(logits, target, provider="triton").backward()
         kernels.add_rms_norm(x, x, w, 1e-6, provider="triton")[1].sum().backward()
         kernels.layer_norm(x, w, b, 1e-5, provider="triton").sum().backward()
+        kernels.fused_linear_cross_entropy(a, g, target[:4] % 4, chunk_size=2, provider="triton").backward()
 
     costs = caught(run)
     expected = {"triton_" + n for n in ("act_fwd", "act_bwd", "glu_fwd", "glu_bwd", "softmax_fwd", "softmax_bwd",
                                         "rope_apply", "ce_forward", "ce_backward", "rms_norm_fwd", "rms_norm_bwd",
-                                        "layer_norm_fwd", "layer_norm_bwd")}
+                                        "layer_norm_fwd", "layer_norm_bwd", "ce_fused_")}
     assert set(costs) == expected, sorted(costs)
     assert costs["triton_act_fwd"] == [KERNELS["bias_gelu"].cost(x, b, "tanh")]
     assert costs["triton_glu_fwd"] == [KERNELS["swiglu"].cost(a, g)]
     assert costs["triton_ce_forward"] == [KERNELS["cross_entropy"].cost(logits, target)]
     assert [(c.flops, c.bytes_fused) for c in costs["triton_rope_apply"]] == [(3 * 80, 4 * 240)] * 2
     assert costs["triton_rms_norm_fwd"][0].flops == (4 + 1 + 1) * 15
+    # the linear cross-entropy's chunks: [2, 4] logits each (a [4, 6] @ g [4 classes, 6]^T), fwd+bwd in place
+    assert [c.flops for c in costs["triton_ce_fused_"]] == [7 * 2 * 4] * 2
     params = [torch.nn.Parameter(t(5, 3, grad=False)), torch.nn.Parameter(t(7, grad=False))]
     for p in params:
         p.grad = torch.randn_like(p)
