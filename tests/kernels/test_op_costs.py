@@ -225,6 +225,10 @@ def run_triton_watched(device: str = "cpu") -> str:
         run()
     names = {e.name for e in prof.events()}
     assert {"fusionlens::" + n for n in expected} <= names, sorted(n for n in names if "fusionlens" in n)
+    if device == "cuda":  # each op's Triton kernels are linked to it: what the capture's join reads
+        gpu_us = {n: sum(e.device_time_total for e in prof.events() if e.name == "fusionlens::" + n)
+                  for n in expected}
+        assert all(us > 0 for us in gpu_us.values()), gpu_us
     run()  # and unwatched, straight to the module functions
     return "ok"
 
