@@ -210,8 +210,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     nbytes = math.prod(shape) * dtype.itemsize
     # Not under torch.compile tracing: Dynamo would run the op once and bake its real output into
     # the graph as a constant; the traced torch.empty allocates per call, as eager code does.
-    if (nbytes >= POOL_MIN_BYTES and _pool_op is not None and pool_enabled_by_env()
-            and not torch.compiler.is_compiling()):
+    if nbytes >= POOL_MIN_BYTES and pool_status() is None and not torch.compiler.is_compiling():
         return _pool_op(shape, dtype)
     out = torch.empty(shape, dtype=dtype, device=device)
     if nbytes >= HUGEPAGE_MIN_BYTES and hugepages_enabled_by_env():
