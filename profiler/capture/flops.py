@@ -72,18 +72,16 @@ _CIA = "CompositeImplicitAutograd"
 
 
 @lru_cache(maxsize=None)
-def _aten_decomposes(name: str, device_type: str) -> bool:
-    """Whether ATen runs op `name` on `device_type` through its CompositeImplicitAutograd kernel:
-    it has one, and neither a kernel of its own for that backend nor a CompositeExplicitAutograd
-    one (the dispatcher's rule for which kernel serves a backend)."""
+def _has_own_kernel(name: str, device_type: str) -> bool:
+    """Whether op `name` has a kernel of its own for `device_type`'s backend or a
+    CompositeExplicitAutograd one: then the dispatcher never uses its CompositeImplicitAutograd
+    kernel for that backend."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    if not has(name, _CIA):
-        return False
     try:
         own = (torch._C._dispatch_key_for_device(device_type),)
     except RuntimeError:  # a device type without a dispatch key of its own
         own = ()
-    return not any(has(name, k) for k in own + ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional"))
+    return any(has(name, k) for k in own + ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional"))
 
 
 def decompose(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -97,7 +95,7 @@ def decompose(func: Any, args: tuple, kwargs: dict) -> Any:
     if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _CIA):
         return NotImplemented
     found = fm.tensors((args, kwargs))
-    if not _aten_decomposes(func.name(), found[0].device.type if found else "cpu"):
+    if _has_own_kernel(func.name(), found[0].device.type if found else "cpu"):
         return NotImplemented
     return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
