@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, validate
+from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, cast_output, validate
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost,
                               register_kernel, register_op_cost)
 
@@ -28,11 +28,12 @@ def reduce_rows(loss_rows: torch.Tensor, valid: torch.Tensor, reduction: str,
                 dtype: torch.dtype) -> torch.Tensor:
     """fp32 per-row losses -> the requested reduction, in `dtype` (mean over valid rows)."""
     if reduction == "none":
-        return loss_rows.to(dtype)
-    total = loss_rows.sum()
-    if reduction == "sum":
-        return total.to(dtype)
-    return (total / valid.sum()).to(dtype)  # 0 valid rows -> nan, like F.cross_entropy
+        out = loss_rows
+    elif reduction == "sum":
+        out = loss_rows.sum()
+    else:
+        out = loss_rows.sum() / valid.sum()  # 0 valid rows -> nan, like F.cross_entropy
+    return cast_output(out, dtype)
 
 
 def grad_rows_for(grad_out: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernels.providers import cpu_ops
 from kernels.registry import new_output
 
 
@@ -57,13 +58,22 @@ def validate(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
         raise CrossEntropyError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise CrossEntropyError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if target.device.type == "cpu":  # on GPU this check would synchronise; the kernel traps instead
+    # On GPU this check would synchronise and under torch.compile it would break the graph; the
+    # kernels check each row themselves (the C++ ops raise, the Triton kernels trap).
+    if target.device.type == "cpu" and not torch.compiler.is_compiling():
         v = logits.shape[1]
         bad = (target != ignore_index) & ((target < 0) | (target >= v))
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
             raise CrossEntropyError(f"cross_entropy: target {int(target[i])} at row {i} is out of "
                                     f"range [0, {v}) and is not ignore_index={ignore_index}")
+
+
+def cast_output(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t.to(dtype)`, skipped when it would return `t` itself: torch 2.11's Dynamo (the GPU image's)
+    loses the gradient of an autograd.Function whose output is such a no-op `.to` (zero grads under
+    torch.compile; 2.13 is fine). tests/kernels/test_compile.py fails under 2.11 without it."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,11 +83,7 @@ def _rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- cpu: the C++ ops in kernels/csrc/cross_entropy.cpp ----------------------------------------
 
-def _ops():
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    return torch.ops.fusionlens
+_ops = cpu_ops
 
 
 def _cpu_forward(logits, target, ignore_index, eps):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, validate
+from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, cast_output, validate
 from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
 
@@ -33,25 +33,40 @@ def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
 
 def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider,
              need_dx, need_dw, need_db):
-    """Loss (fp32 scalar) and, where needed, dx [N, H], dW [V, H], db [V] for a unit upstream grad."""
+    """Loss (fp32 scalar), where needed dx [N, H], dW [V, H], db [V] for a unit upstream grad, and
+    the factor those grads still need (None: already applied).
+
+    Eager: the mean's 1/n_valid goes into the kernel (one sync: the count is read on the host).
+    Under torch.compile the count stays a tensor, so the graph does not break: the kernel scales
+    by 1 and the factor is applied in backward, where the upstream grad multiplies them anyway.
+    """
     ops = ROW_OPS[provider]
     n, _ = x.shape
-    n_valid = int((target != ignore_index).sum())  # one sync: the gradient scale must be known
-    scale = (1.0 / n_valid if n_valid else 0.0) if reduction == "mean" else 1.0
+    factor = None
+    if reduction != "mean":
+        scale = 1.0
+    elif torch.compiler.is_compiling():
+        n_valid = (target != ignore_index).sum().to(torch.float32)
+        factor, scale = torch.where(n_valid > 0, 1.0 / n_valid, 0.0), 1.0
+    else:
+        n_valid = int((target != ignore_index).sum())
+        scale = 1.0 / n_valid if n_valid else 0.0
     want_grad = need_dx or need_dw or need_db
     acc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
     dx = new_output(x.shape, x) if need_dx else None  # poisonable: every chunk must write its rows
     dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_dw else None
     db = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if need_db else None
+    # summed out of place: torch 2.11's Dynamo loses the grad of a Function returning a tensor it
+    # mutated in place (see cast_output)
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     for s in range(0, n, chunk_size):
         e = min(n, s + chunk_size)
         xc, tc = x[s:e], target[s:e]  # [c, H], [c]
         logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())
         if not want_grad:
-            loss_sum += ops.forward(logits, tc, ignore_index, eps)[0].sum()
+            loss_sum = loss_sum + ops.forward(logits, tc, ignore_index, eps)[0].sum()
             continue
-        loss_sum += ops.fused_(logits, tc, ignore_index, eps, scale).sum()  # logits -> G [c, V]
+        loss_sum = loss_sum + ops.fused_(logits, tc, ignore_index, eps, scale).sum()  # logits -> G [c, V]
         if dx is not None:
             torch.mm(logits, weight, out=dx[s:e])
         if dw is not None:
@@ -62,11 +77,13 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
         if db is not None:
             db += logits.sum(0, dtype=acc)
         del logits
-    if reduction == "mean":
-        loss = loss_sum / n_valid if n_valid else torch.full_like(loss_sum, float("nan"))
-    else:
+    if reduction != "mean":
         loss = loss_sum
-    return loss, dx, dw, db
+    elif factor is not None:
+        loss = loss_sum / n_valid  # 0 / 0 = NaN with every target ignored, as eager
+    else:
+        loss = loss_sum / n_valid if n_valid else torch.full_like(loss_sum, float("nan"))
+    return loss, dx, dw, db, factor
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -76,17 +93,23 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         x2 = x.reshape(-1, shape[-1])  # [N, H]
         t2 = target.reshape(-1).to(torch.long).contiguous()  # [N]
         needs = ctx.needs_input_grad
-        loss, dx, dw, db = _chunked(x2, weight, bias, t2, ignore_index, eps, reduction, chunk_size,
-                                    provider, needs[0], needs[1], bias is not None and needs[2])
-        ctx.save_for_backward(dx, dw, db)
+        loss, dx, dw, db, factor = _chunked(x2, weight, bias, t2, ignore_index, eps, reduction,
+                                            chunk_size, provider, needs[0], needs[1],
+                                            bias is not None and needs[2])
+        ctx.save_for_backward(dx, dw, db, factor)
         ctx.meta = (shape, weight.dtype, None if bias is None else bias.dtype)
-        return loss.to(x.dtype)
+        return cast_output(loss, x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        dx, dw, db = ctx.saved_tensors
+        dx, dw, db, factor = ctx.saved_tensors
         shape, w_dtype, b_dtype = ctx.meta
-        unit = grad_out.device.type == "cpu" and bool(grad_out == 1)  # skip the scaling pass
+        if factor is not None:
+            grad_out = grad_out * factor
+        # skip the scaling pass for the usual loss.backward(); tracing for torch.compile cannot
+        # test grad_out's value on the host
+        unit = (factor is None and not torch.compiler.is_compiling()
+                and grad_out.device.type == "cpu" and bool(grad_out == 1))
 
         def scaled(g, dtype):
             if g is None:

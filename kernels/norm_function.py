@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kernels import _alloc
+from kernels.providers import cpu_ops
 from kernels.registry import new_output, poisoning
 
 
@@ -119,23 +120,7 @@ class _FusedNorm(torch.autograd.Function):
                 None, None, None)
 
 
-_NORM_OPS = ("layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd")
-
-
-def _cpu_ops():
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    for op in _NORM_OPS:  # the ops only write into given outputs: their fake kernel does nothing,
-        try:             # which lets torch.compile / FakeTensor trace through them
-            torch.library.register_fake(f"fusionlens::{op}")(_no_fake_output)
-        except RuntimeError:  # already registered (e.g. module reloaded)
-            pass
-    return torch.ops.fusionlens
-
-
-def _no_fake_output(*args, **kwargs) -> None:
-    return None
+_cpu_ops = cpu_ops  # its ops only write into given outputs: torch's generated fake kernels trace them
 
 
 def _triton_ops():

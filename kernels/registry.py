@@ -176,7 +176,11 @@ def register_provider_probe(provider: str):
 
 
 def provider_unavailable_reason(provider: str) -> str | None:
-    """None if `provider` works on this machine, else why not. Probed once, then cached."""
+    """None if `provider` works on this machine, else why not. Probed once, then cached.
+
+    torch.compile evaluates it while tracing and keeps the answer as a constant (the mark below),
+    so a first call inside a compiled function probes (and builds or loads the C++ extension)
+    outside the graph instead of breaking it."""
     if provider in ("reference", "aten"):
         return None
     if provider not in _PROBE_RESULTS:
@@ -191,6 +195,11 @@ def provider_unavailable_reason(provider: str) -> str | None:
             except Exception as exc:  # a probe must never take the program down
                 _PROBE_RESULTS[provider] = f"{type(exc).__name__}: {exc}"
     return _PROBE_RESULTS[provider]
+
+
+# What torch.compiler.assume_constant_result sets; calling it would import torch._dynamo (and
+# Triton) with `import kernels`. tests/kernels/test_compile.py checks the effect.
+provider_unavailable_reason._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 _POISON = threading.local()
