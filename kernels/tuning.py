@@ -180,9 +180,15 @@ def call_key(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
 _LOCAL = threading.local()
 
 
+def _tracing() -> bool:
+    """torch.compile or torch.jit.trace is tracing: sizes may be symbolic (a JIT trace's numel() is
+    a tensor), so no key is computed and nothing is measured."""
+    return torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
+
+
 def _not_now(args: tuple[Any, ...]) -> str | None:
     """Why this call must not be timed now (None: it may be)."""
-    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+    if _tracing():
         return "inside torch.compile / JIT tracing"
     if registry.poisoning():
         return "poison_outputs() is active"
@@ -358,7 +364,7 @@ def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *
     """
     if mode() == "order":
         return _order_choice(spec, args, kwargs, f"{ENV_MODE}=order", report)
-    if torch.compiler.is_compiling() or registry.poisoning():  # no key, no lookup: the order
+    if _tracing() or registry.poisoning():  # no key, no lookup: the order
         return _order_choice(spec, args, kwargs, f"not measured: {_not_now(args)}", report)
     grad = _wants_grad(args, kwargs)
     key = call_key(spec, args, kwargs, grad)

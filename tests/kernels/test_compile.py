@@ -174,3 +174,48 @@ def test_cuda_triton_provider_under_torch_compile(case: str) -> None:
     assert got["ok"], got.get("error")
     assert got["loss_diff"] <= 1e-4 * max(1.0, abs(got["loss"]))
     assert got["grad_diff"] <= 1e-4
+
+
+class _Block(torch.nn.Module):
+    """LayerNorm -> Linear -> GELU -> scaled softmax, all but the Linear ours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from kernels.norms import LayerNorm
+
+        self.norm, self.proj = LayerNorm(64), torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.softmax(kernels.gelu(self.proj(self.norm(x))), scale=0.5)
+
+
+def test_torch_export_keeps_our_ops(cpu_provider) -> None:
+    """torch.export: the exported graph calls the C++ ops and its module gives eager's output."""
+    torch.manual_seed(0)
+    block = _Block()
+    exported = torch.export.export(block, (torch.randn(4, 64),))
+    called = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"fusionlens.layer_norm_fwd.default", "fusionlens.act_fwd.default",
+            "fusionlens.softmax_fwd.default"} <= called, called
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(exported.module()(x), block(x), rtol=0, atol=0)
+
+
+def test_jit_trace_runs_the_order_and_replays(cpu_provider, monkeypatch, tmp_path) -> None:
+    """torch.jit.trace: sizes are traced values there, so the provider choice takes the order
+    without computing a shape key (it raised AttributeError before). check_trace is off: the
+    trace records the autograd path and the check reruns without grad, which takes the no-grad
+    path; the traced module replays eager's numbers at another batch size."""
+    from kernels import tuning
+
+    monkeypatch.setenv(tuning.ENV_MODE, "measure")  # what users get (the suite runs the order)
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
+    tuning.forget_decisions()
+    try:
+        torch.manual_seed(0)
+        block = _Block()
+        traced = torch.jit.trace(block, (torch.randn(4, 64),), check_trace=False)
+        x = torch.randn(7, 64)
+        torch.testing.assert_close(traced(x), block(x), rtol=1e-6, atol=1e-7)
+    finally:
+        tuning.forget_decisions()  # the eager call measured into tmp_path: keep no decision
