@@ -267,9 +267,14 @@ class OpCostRecorder(TorchDispatchMode):
 
 
 def record_costs(step_fn: Callable[[int], None], steps: int = 1, first_step: int = 0) -> pd.DataFrame:
-    """Run `step_fn(i)` for `steps` steps under the recorder; one row per aten op (COST_COLUMNS)."""
+    """Run `step_fn(i)` for `steps` steps under the recorder; one row per aten op (COST_COLUMNS).
+
+    torch.compile'd code runs eagerly for the pass (stance "force_eager"): Dynamo skips a frame it
+    meets under a dispatch mode and keeps skipping that code afterwards, so without the stance the
+    pass would leave a compiled model eager for the profiled steps that follow.
+    """
     recorder = OpCostRecorder()
-    with recorder:
+    with torch.compiler.set_stance("force_eager"), recorder:
         for i in range(steps):
             if i:
                 recorder.mark_step()

@@ -208,14 +208,38 @@ def _flops_source(stats) -> str:
             f"{stats.matched_ops:,} of {stats.recorded_ops:,} profiled ops; bytes_moved is an algorithmic lower bound")
 
 
+COMPILED_REGION = "Torch-Compiled Region"  # Kineto's span around each call of a Dynamo graph
+
+
+def compiled_note(events: pd.DataFrame, costs: pd.DataFrame, stats: Any) -> Optional[str]:
+    """Why the cost pass joins only part of a torch.compile'd model's profile, or None if no
+    compiled code ran: the pass records the eager program (Dynamo does not trace under a dispatch
+    mode), while the profile shows Inductor's kernels, which replace most of those ops."""
+    names = events["name"].astype(str)
+    regions = names[names.str.startswith(COMPILED_REGION)]
+    if regions.empty or stats is None:
+        return None
+    recorded = float(costs["flops"].sum()) * max(stats.steps, 1)
+    attributed = float(events["flops"].sum()) if "flops" in events else 0.0
+    share = f"{attributed / recorded:.0%} of its FLOPs" if recorded > 0 else "its FLOPs"
+    return (f"partial: torch.compile'd code ran ({regions.nunique()} compiled graph(s), {len(regions)} calls); "
+            f"the cost pass counts the eager program, whose ops Inductor's kernels replace, so "
+            f"{stats.matched_ops:,} of {stats.recorded_ops:,} ops and {share} found a profiled op "
+            f"(the pass's own totals: summary.json capture.costs)")
+
+
 def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optional[pd.DataFrame],
-              samples: Optional[pd.DataFrame], off: Mapping[str, str]) -> Trace:
-    """The final Trace: costs joined onto the events, NVML counters merged, capture meta added."""
+              samples: Optional[pd.DataFrame], off: dict[str, str]) -> Trace:
+    """The final Trace: costs joined onto the events, NVML counters merged, capture meta added.
+    A partial join of torch.compile'd code is noted in `off` under "flops"."""
     events, stats = trace.events, None
     if costs is not None:
         from profiler.capture.join import join_costs
 
         events, stats = join_costs(trace.events, costs)
+        note = compiled_note(events, costs, stats)
+        if note:
+            off["flops"] = note
     meta = dict(trace.meta)
     meta["capture"] = {"spec": loaded.spec, "spec_kind": loaded.kind, "model_class": type(loaded.model).__name__,
                        "plan": dataclasses.asdict(plan), "sources_off": dict(off),
