@@ -255,8 +255,9 @@ def _probe_triton() -> str | None:
         import triton  # noqa: F401
     except ImportError as exc:
         return f"Triton not installed ({exc})"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    if not torch.cuda.is_available():
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         return "no CUDA GPU"
+    from kernels import profiled_ops
+
+    profiled_ops.prepare()  # library ops and entry points ready before any compiler traces a call
     return None

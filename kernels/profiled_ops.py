@@ -6,8 +6,10 @@ each entry point runs as `torch.ops.fusionlens.triton_<name>`, with the schema a
 the C++ op of the same job: Kineto shows a cpu_op that the launched GPU kernels link to, and the
 cost pass records it with its arguments (`kernels.op_cost`, the same numbers as the C++ op). The
 rest of the time, and under torch.compile, the module function is called directly: no dispatcher
-on the hot path. The ops are defined on first use, with impls for CUDA and, for Triton's CPU
-interpreter, CPU.
+on the hot path. Under torch.compile the entry points go through the ops as well: Dynamo then
+puts an opaque op with a fake kernel in the graph instead of tracing the Python launchers. The ops
+are defined, and the entry points built, when the triton provider is probed (outside any trace),
+with impls for CUDA and, for Triton's CPU interpreter, CPU.
 """
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ def watched() -> bool:
 def define_ops() -> None:
     """Define every `fusionlens::triton_<name>` op once (impls for CUDA and CPU, a no-op fake)."""
     global _library
+    if _library is not None:  # the usual case, and the only one a compiler's trace sees
+        return
     with _lock:
         if _library is not None:
             return
@@ -133,7 +137,7 @@ def entry(name: str) -> Callable[..., None]:
 
     @functools.wraps(direct)
     def call(*args: Any, **kwargs: Any) -> None:
-        if not watched():
+        if not (torch.compiler.is_compiling() or watched()):
             return direct(*args, **kwargs)
         define_ops()
         return getattr(torch.ops.fusionlens, PREFIX + name)(*args, *(kwargs[k] for k in names))
@@ -141,8 +145,21 @@ def entry(name: str) -> Callable[..., None]:
     return call
 
 
-@functools.cache
+_NAMESPACES: dict[str, SimpleNamespace] = {}  # a plain dict: a compiler's trace reads it as is
+
+
 def namespace(module: str) -> SimpleNamespace:
     """The entry points of one Triton module, under the names its callers use."""
-    return SimpleNamespace(**{function: entry(name) for name, (mod, function, _) in ENTRY_POINTS.items()
-                              if mod == module})
+    ns = _NAMESPACES.get(module)
+    if ns is None:
+        ns = _NAMESPACES[module] = SimpleNamespace(**{
+            function: entry(name) for name, (mod, function, _) in ENTRY_POINTS.items() if mod == module})
+    return ns
+
+
+def prepare() -> None:
+    """Define the ops and build every module's entry points (imports the Triton modules): the
+    triton provider's probe calls it, so a first call inside torch.compile finds them ready."""
+    define_ops()
+    for module in sorted({mod for mod, _, _ in ENTRY_POINTS.values()}):
+        namespace(module)

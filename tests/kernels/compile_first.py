@@ -1,6 +1,6 @@
 """Run each kernel family under torch.compile(fullgraph=True) as the first call of a fresh process.
 
-`python -m tests.kernels.compile_first` prints one JSON object: per case, whether it compiled
+`python -m tests.kernels.compile_first [--provider triton] [case ...]` prints one JSON object: per case, whether it compiled
 without a graph break, the fusionlens ops in its forward and backward graphs, and the largest
 difference of its loss and input gradient against the eager reference composition. Run by
 tests/kernels/test_compile.py in a subprocess: provider probes, the C++ extension's loading and
@@ -96,9 +96,13 @@ def run_case(fn: Callable[..., torch.Tensor], params: list[torch.Tensor], provid
             "loss": want.item(), "grad_diff": max(diffs), "grads": len(diffs)}
 
 
-def main(names: list[str]) -> None:
+def main(argv: list[str]) -> None:
+    """Args: [--provider NAME] [case ...]; the provider is the order's choice unless named."""
+    provider = None
+    if argv[:1] == ["--provider"]:
+        provider, argv = argv[1], argv[2:]
     cases, params = _cases()
-    print(json.dumps({name: run_case(cases[name], params) for name in names or cases}))
+    print(json.dumps({name: run_case(cases[name], params, provider) for name in argv or cases}))
 
 
 if __name__ == "__main__":
