@@ -196,6 +196,8 @@ def _not_now(args: tuple[Any, ...]) -> str | None:
         return "a measurement is already running on this thread"
     if torch._C._autograd._profiler_enabled():
         return "the autograd profiler is recording"
+    if torch._C._len_torch_dispatch_stack() > 0:  # a recorder would log the timing runs, and under
+        return "a TorchDispatchMode is active"      # FakeTensorMode they would time nothing real
     if registry._device_type(args) == "cuda" and torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured"
     return None

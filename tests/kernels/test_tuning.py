@@ -218,6 +218,29 @@ def test_poison_profiler_and_compile_fall_back_to_the_order(toy, monkeypatch) ->
     assert not tuning_store.store_path().exists()
 
 
+def test_a_dispatch_mode_falls_back_to_the_order(toy) -> None:
+    """Under a TorchDispatchMode (the capture's cost recorder, FakeTensorMode) nothing is timed:
+    a recorder would log the timing runs as the model's ops, and fake tensors time nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    spec = toy(cpu=20, aten=1)
+    with Seen():
+        choice = kernels.provider_choice(spec.name, torch.randn(N))
+        dispatch(spec.name, torch.randn(N))
+    assert choice.how == "order" and "TorchDispatchMode" in choice.note
+    with FakeTensorMode():
+        dispatch(spec.name, torch.randn(N))
+    assert toy.calls == Counter(cpu=2)  # the order's provider, once per call; nothing timed
+    assert not tuning_store.store_path().exists()
+    dispatch(spec.name, torch.randn(N))  # outside any mode the call is measured as usual
+    assert toy.calls["aten"] > 0 and tuning_store.store_path().exists()
+
+
 class _SlowBackward(torch.autograd.Function):
     """y = 2x; the backward does `work` times the work (forward speed equal to the other's)."""
 
