@@ -105,7 +105,7 @@ if st.button("Profile", type="primary", key="profile_run"):
         request = pv.make_request(spec, size=size, batch=batch, settings=settings, device=device, dtype=dtype,
                                   mode=mode, wait=wait, warmup=warmup, active=active, backend=backend,
                                   ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml, nproc=nproc)
-        outcome = pv.run_profile(request, data_dir() / "captures", progress, env)
+        outcome = pv.run_profile(request, data_dir() / "captures", pv.quiet_while_timed(progress, request.plan), env)
     except (FusionLensError, MemoryError, OSError) as exc:
         st.session_state.pop(RESULT_KEY, None)
         st.error(pv.error_line(spec, exc))

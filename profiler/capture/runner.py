@@ -284,6 +284,7 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
         costs = record_costs(step, 1, first_step=-2)
         costs.to_parquet(out_dir / f"op_costs_rank{_rank()}.parquet", index=False)
     flops_s = time.perf_counter() - t1
+    say(0, plan.steps, f"running {plan.steps} steps ({plan.wait} wait, {plan.warmup} warm-up, {plan.active} active)")
     result, samples, off = _run_backend(backend, step, plan, out_dir, say)
     say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
     trace = _assemble(loaded, plan, result.trace, costs, samples, off)

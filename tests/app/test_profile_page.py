@@ -398,3 +398,35 @@ def test_roofline_chart_only_with_a_table_and_its_ceilings():
     fig = pv.roofline_chart(csv, used, "bfloat16")  # no bf16 peak in these ceilings: the fp32 roof, as the analysis
     assert fig.data[1].name.startswith("fp32 peak: 1 TFLOP/s") and fig.data[1].y[0] == pytest.approx(1.0)
     assert list(fig.data[2].x) == [20.0] and list(fig.data[2].y) == pytest.approx([0.2])  # TFLOP/s
+
+
+@pytest.mark.parametrize("wait, warmup, active", [(1, 1, 3), (0, 1, 2), (2, 0, 1), (0, 0, 1)])
+def test_progress_holds_still_while_profiled_steps_run(tmp_path, wait, warmup, active):
+    """The page's progress callback passes nothing between profiled steps (a browser redrawing the
+    bar competed with them: a compiled MLP's step 17-38 ms against 2.1-3.8 ms). Driven by a
+    real capture: each update is tagged with the number of steps run when it arrived."""
+    from profiler.capture.backends import CapturePlan
+    from profiler.capture.runner import capture
+
+    plan = CapturePlan(mode="infer", wait=wait, warmup=warmup, active=active, flops=False)
+    shown, all_calls = [], []
+
+    def bar(done: int, total: int, message: str) -> None:
+        shown.append((done, message))
+
+    def record(done: int, total: int, message: str) -> None:
+        all_calls.append(done)
+        quiet(done, total, message)
+
+    quiet = pv.quiet_while_timed(bar, plan)
+    capture("mlp", plan, tmp_path, size="tiny", progress=record)
+    steps = plan.steps
+    assert max(all_calls) == steps and set(range(1, steps + 1)) <= set(all_calls)  # one report per step
+    inside = [d for d, _ in shown if 0 < d < steps]
+    # between steps: reports whose next step is a wait step, and one note before the first warm-up
+    # step (discarded); none before an active step
+    assert inside == list(range(1, wait)) + ([wait] if wait and warmup else []), shown
+    notes = [m for _, m in shown if m.startswith("timing ")]
+    assert len(notes) == (1 if wait and warmup else 0)
+    assert shown[-1][0] == steps  # the end is shown
+    assert any(m.startswith(f"running {steps} steps") for _, m in shown)

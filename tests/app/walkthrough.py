@@ -101,11 +101,16 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp, _serve(Path(tmp)) as url, sync_playwright() as pw:
         raising = Path(tmp) / "raises.py"
         raising.write_text("def build():\n    raise ValueError('bad config 42')\n")
+        compiled = Path(tmp) / "compiled.py"  # the profile shows the compiled graph, the join is partial
+        compiled.write_text("import torch\n\ndef build():\n    m = torch.nn.Sequential(torch.nn.Linear(64, 256), "
+                            "torch.nn.GELU(), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64))\n"
+                            "    return torch.compile(m), (torch.randn(32, 64),)\n")
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
                 ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
-                ("raising_spec", None, "infer", f"{raising}:build")]
+                ("raising_spec", None, "infer", f"{raising}:build"),
+                ("compiled_spec", None, "train", f"{compiled}:build")]
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         for label, zoo, mode, spec in runs:
             if only and not any(s in label for s in only):
@@ -141,6 +146,8 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 pass
             shoot(page, out_dir / f"{label}_running.png")
             _settle(page)
+            if "spec" not in label or label == "compiled_spec":  # a capture that should succeed
+                page.get_by_text("Profiled steps").first.wait_for(timeout=300_000)
             page.wait_for_timeout(500)
             shoot(page, out_dir / f"{label}.png")
             (out_dir / f"{label}.txt").write_text(page.get_by_test_id("stMain").inner_text())
