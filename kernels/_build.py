@@ -242,7 +242,9 @@ def _probe_cpu() -> str | None:
     except RuntimeError:
         return "ninja not found (pip install ninja)"
     try:
-        load_cpu_ops()
+        from kernels.providers import cpu_ops
+
+        cpu_ops()  # loads the extension and keeps its namespace where provider_ops reads it
     except Exception as exc:  # compiler missing, build error: keep the reason, fall back
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None

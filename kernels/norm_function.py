@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kernels import _alloc
-from kernels.providers import cpu_ops
+from kernels.providers import cpu_ops, provider_ops
 from kernels.registry import new_output, poisoning
 
 
@@ -121,17 +121,7 @@ class _FusedNorm(torch.autograd.Function):
 
 
 _cpu_ops = cpu_ops  # its ops only write into given outputs: torch's generated fake kernels trace them
-
-
-def _triton_ops():
-    from kernels import profiled_ops
-
-    return profiled_ops.namespace("kernels.triton_norms")
-
-
-_OPS = {"cpu": _cpu_ops, "triton": _triton_ops}
-_OPS_CACHE: dict[str, Any] = {}
-_NORM_TRAIN: Any = None  # torch.ops.fusionlens.norm_train.default, once the cpu ops are loaded
+_NORM_TRAIN: Any = None  # torch.ops.fusionlens.norm_train.default, looked up on the first eager call
 
 
 def _alloc_policy(x: torch.Tensor) -> tuple[int, int, int]:
@@ -149,7 +139,11 @@ def _alloc_policy(x: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast):
-    """Forward with the C++ autograd node (`fusionlens::norm_train`); same outputs as `_FusedNorm`."""
+    """Forward with the C++ autograd node (`fusionlens::norm_train`); same outputs as `_FusedNorm`.
+    Never traced by torch.compile (apply_norm takes `_FusedNorm` there)."""
+    global _NORM_TRAIN
+    if _NORM_TRAIN is None:
+        _NORM_TRAIN = torch.ops.fusionlens.norm_train.default
     s, y = _NORM_TRAIN(x, residual, weight, bias, eps, offset, kind == "rms", llama_cast, poisoning(),
                        *_alloc_policy(x))
     return y if residual is None else (s, y)
@@ -163,13 +157,7 @@ def apply_norm(provider, kind, x, residual, weight, bias, eps, offset, llama_cas
     torch.compile; cpp_autograd=False keeps it on the Python road (`run_forward` / `_FusedNorm`),
     which benchmarks and tests compare against.
     """
-    global _NORM_TRAIN
-    ops = _OPS_CACHE.get(provider)
-    if ops is None:
-        ops = _OPS[provider]()
-        if provider == "cpu":  # set before the cache entry: another thread may read both next
-            _NORM_TRAIN = torch.ops.fusionlens.norm_train.default
-        _OPS_CACHE[provider] = ops
+    ops = provider_ops(provider, "kernels.triton_norms")
     if provider == "cpu" and cpp_autograd and not torch.compiler.is_compiling():
         return _norm_train(kind, x, residual, weight, bias, eps, offset, llama_cast)  # no node without grad
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):

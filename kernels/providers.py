@@ -10,29 +10,32 @@ from typing import Any
 
 import torch
 
+from kernels import profiled_ops
 
-_RESOLVED: dict[tuple[str, str], Any] = {}  # a plain dict: torch.compile traces a lookup in it
+
+_CPU_OPS: Any = None  # torch.ops.fusionlens once the extension is loaded (the cpu probe sets it)
 
 
 def cpu_ops() -> Any:
     """`torch.ops.fusionlens`, with the C++ extension built (first time) or loaded."""
-    from kernels._build import load_cpu_ops
+    global _CPU_OPS
+    if _CPU_OPS is None:
+        from kernels._build import load_cpu_ops
 
-    load_cpu_ops()
-    return torch.ops.fusionlens
+        load_cpu_ops()
+        _CPU_OPS = torch.ops.fusionlens
+    return _CPU_OPS
 
 
 def provider_ops(provider: str, triton_module: str) -> Any:
-    """The namespace holding `provider`'s ops for a family whose Triton code is `triton_module`."""
-    ops = _RESOLVED.get((provider, triton_module))
-    if ops is None:
-        if provider == "cpu":
-            ops = cpu_ops()
-        elif provider == "triton":  # the module's functions, through library ops while profiled
-            from kernels import profiled_ops
+    """The namespace holding `provider`'s ops for a family whose Triton code is `triton_module`.
 
-            ops = profiled_ops.namespace(triton_module)
-        else:
-            raise ValueError(f"provider {provider!r} has no compiled ops")
-        _RESOLVED[(provider, triton_module)] = ops
-    return ops
+    Everything it reads is filled before a torch.compile trace can meet it: the cpu probe calls
+    `cpu_ops()` and the triton probe builds the entry points (profiled_ops.prepare), and the
+    probes run outside any trace. A trace that filled a cache would change what the next call's
+    guards see and compile the model again."""
+    if provider == "cpu":
+        return cpu_ops()
+    if provider == "triton":  # the module's functions, through library ops while profiled
+        return profiled_ops.namespace(triton_module)
+    raise ValueError(f"provider {provider!r} has no compiled ops")

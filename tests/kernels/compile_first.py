@@ -1,8 +1,9 @@
 """Run each kernel family under torch.compile(fullgraph=True) as the first call of a fresh process.
 
-`python -m tests.kernels.compile_first [--provider triton] [case ...]` prints one JSON object: per case, whether it compiled
-without a graph break, the fusionlens ops in its forward and backward graphs, and the largest
-difference of its loss and input gradient against the eager reference composition. Run by
+`python -m tests.kernels.compile_first [--provider triton] [case ...]` prints one JSON object:
+per case, whether it compiled without a graph break (and once only, over three calls), the
+fusionlens ops in its forward and backward graphs, and the largest difference of its loss and
+gradients against the eager reference composition. Run by
 tests/kernels/test_compile.py in a subprocess: provider probes, the C++ extension's loading and
 every cache must start empty, which a pytest process that has called the kernels before cannot
 give.
@@ -70,10 +71,13 @@ def run_case(fn: Callable[..., torch.Tensor], params: list[torch.Tensor], provid
     """Compile fn(x, provider) (+ a sin and a sum, so every output element matters) and compare
     loss and grads with fn(x, "reference") run eagerly."""
     graphs: dict[str, list[str]] = {"forward": [], "backward": []}
+    compiles = {"forward": 0, "backward": 0}
 
     def keep(kind: str):
         def compiler(gm: torch.fx.GraphModule, _inputs) -> Callable:
-            graphs[kind] += _fusionlens_ops(gm)
+            compiles[kind] += 1
+            if compiles[kind] == 1:
+                graphs[kind] += _fusionlens_ops(gm)
             return gm.forward
         return compiler
 
@@ -84,6 +88,8 @@ def run_case(fn: Callable[..., torch.Tensor], params: list[torch.Tensor], provid
     try:
         loss = compiled(x)
         grads = _grads(loss, [x, *params])
+        for _ in range(2):  # the same call again: nothing the first one left behind may recompile
+            _grads(compiled(x), [x, *params])
     except Exception as exc:  # noqa: BLE001 (reported; a graph break raises under fullgraph=True)
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
     x_ref = x.detach().clone().requires_grad_()
@@ -92,7 +98,7 @@ def run_case(fn: Callable[..., torch.Tensor], params: list[torch.Tensor], provid
     if [g is None for g in grads] != [g is None for g in wants]:
         return {"ok": False, "error": "compiled and eager differ in which inputs get a gradient"}
     diffs = [(g - e).abs().max().item() for g, e in zip(grads, wants) if g is not None]
-    return {"ok": True, "ops": graphs, "loss_diff": abs(loss.item() - want.item()),
+    return {"ok": True, "ops": graphs, "compiles": compiles, "loss_diff": abs(loss.item() - want.item()),
             "loss": want.item(), "grad_diff": max(diffs), "grads": len(diffs)}
 
 

@@ -66,6 +66,7 @@ def check_case(got: dict, case: str, prefix: str = "", tol: float = 1e-5) -> Non
     (not a fallback to the reference), and loss and grads (x and the parameters) match eager's
     reference composition."""
     assert got["ok"], got.get("error")
+    assert got["compiles"] == {"forward": 1, "backward": 1}, got["compiles"]  # three calls, one compile
     fwd, bwd = EXPECTED_OPS[case]
     assert {prefix + op for op in fwd} <= set(got["ops"]["forward"]), got["ops"]
     assert {prefix + op for op in bwd} <= set(got["ops"]["backward"]), got["ops"]

@@ -75,7 +75,10 @@ def test_cpu_probe_turns_a_failed_build_into_its_first_line(monkeypatch) -> None
     def fail(verbose: bool = False) -> None:
         raise RuntimeError("C++ build failed in /tmp/b: x.o: error: 'omp.h' file not found\nmore")
 
+    from kernels import providers
+
     monkeypatch.setattr(_build, "load_cpu_ops", fail)
+    monkeypatch.setattr(providers, "_CPU_OPS", None)  # as before the first load
     assert _build._probe_cpu() == "C++ build failed in /tmp/b: x.o: error: 'omp.h' file not found"
 
 
