@@ -4,12 +4,12 @@ Kineto and a TorchDispatchMode (the capture's FLOPs/bytes pass) see only what go
 dispatcher, and the Triton provider launches its kernels from Python. So while either is active,
 each entry point runs as `torch.ops.fusionlens.triton_<name>`, with the schema and argument names of
 the C++ op of the same job: Kineto shows a cpu_op that the launched GPU kernels link to, and the
-cost pass records it with its arguments (`kernels.op_cost`, the same numbers as the C++ op). The
-rest of the time, and under torch.compile, the module function is called directly: no dispatcher
-on the hot path. Under torch.compile the entry points go through the ops as well: Dynamo then
-puts an opaque op with a fake kernel in the graph instead of tracing the Python launchers. The ops
-are defined, and the entry points built, when the triton provider is probed (outside any trace),
-with impls for CUDA and, for Triton's CPU interpreter, CPU.
+cost pass records it with its arguments (`kernels.op_cost`, the same numbers as the C++ op). While
+torch.compile traces, the entry points go through the ops as well: Dynamo then puts an opaque op
+with a fake kernel in the graph instead of tracing the Python launchers. The rest of the time the
+module function is called directly: no dispatcher on the hot path. The ops are defined, and the
+entry points built, when the triton provider is probed (outside any trace), with impls for CUDA
+and, for Triton's CPU interpreter, CPU.
 """
 from __future__ import annotations
 
