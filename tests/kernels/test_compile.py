@@ -241,3 +241,36 @@ def test_jit_trace_runs_the_order_and_replays(cpu_provider, monkeypatch, tmp_pat
         torch.testing.assert_close(traced(x), block(x), rtol=1e-6, atol=1e-7)
     finally:
         tuning.forget_decisions()  # the eager call measured into tmp_path: keep no decision
+
+
+@pytest.mark.parametrize("case", ["layer_norm", "rms_norm", "gelu", "swiglu", "softmax", "cross_entropy"])
+def test_dynamic_shapes_compile_once(cpu_provider, case: str) -> None:
+    """dynamic=True: four batch sizes, one compile, eager's numbers. (fused_linear_cross_entropy
+    is left out: its chunk loop is unrolled, so it specializes on the token count.)"""
+    import torch._dynamo.testing
+
+    g = torch.Generator().manual_seed(6)
+    w, b = torch.rand(64, generator=g) + 0.5, torch.randn(64, generator=g)
+    fns = {
+        "layer_norm": lambda x: kernels.layer_norm(x, w, b, 1e-5, provider="cpu"),
+        "rms_norm": lambda x: kernels.rms_norm(x, w, 1e-6, provider="cpu"),
+        "gelu": lambda x: kernels.gelu(x, provider="cpu"),
+        "swiglu": lambda x: kernels.swiglu(x, x.cos(), provider="cpu"),
+        "softmax": lambda x: kernels.softmax(x, scale=0.3, provider="cpu"),
+        "cross_entropy": lambda x: kernels.cross_entropy(
+            x.reshape(-1, 64), torch.zeros(x.shape[0] * x.shape[1], dtype=torch.long), provider="cpu"),
+    }
+    fn = fns[case]
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda t: fn(t).sin().sum(), fullgraph=True, backend=counter, dynamic=True)
+    for batch in (3, 5, 9, 2):
+        x = torch.randn(batch, 7, 64, generator=g, requires_grad=True)
+        got = compiled(x)
+        got_grad, = torch.autograd.grad(got, x)
+        x_eager = x.detach().clone().requires_grad_()
+        want = fn(x_eager).sin().sum()
+        want_grad, = torch.autograd.grad(want, x_eager)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-6, atol=1e-7)
+    assert counter.frame_count == 1
