@@ -180,6 +180,9 @@ def call_key(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
 _LOCAL = threading.local()
 
 
+_DISPATCH_STACK_LEN = getattr(torch._C, "_len_torch_dispatch_stack", None)  # private: read defensively
+
+
 def _tracing() -> bool:
     """torch.compile or torch.jit.trace is tracing: sizes may be symbolic (a JIT trace's numel() is
     a tensor), so no key is computed and nothing is measured."""
@@ -196,8 +199,8 @@ def _not_now(args: tuple[Any, ...]) -> str | None:
         return "a measurement is already running on this thread"
     if torch._C._autograd._profiler_enabled():
         return "the autograd profiler is recording"
-    if torch._C._len_torch_dispatch_stack() > 0:  # a recorder would log the timing runs, and under
-        return "a TorchDispatchMode is active"      # FakeTensorMode they would time nothing real
+    if _DISPATCH_STACK_LEN is not None and _DISPATCH_STACK_LEN() > 0:  # a recorder would log the
+        return "a TorchDispatchMode is active"  # timing runs; under FakeTensorMode they time nothing real
     if registry._device_type(args) == "cuda" and torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured"
     return None
