@@ -39,8 +39,10 @@ EXPECTED_OPS = {
 
 
 def _first_calls(*args: str, **env: str) -> dict:
+    """compile_first's JSON. The provider choice is the users' default, "measure" (the suite runs
+    "order"): tracing must take the order without timing anything."""
     run = subprocess.run([sys.executable, "-m", "tests.kernels.compile_first", *args], cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), FUSIONLENS_PROVIDER_CHOICE="order", **env),
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), FUSIONLENS_PROVIDER_CHOICE="measure", **env),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
