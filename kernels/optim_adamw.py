@@ -93,13 +93,16 @@ class AdamW(torch.optim.Optimizer):
     """AdamW that steps every parameter of a dtype/device in one multi-tensor call.
 
     Args as torch.optim.AdamW (lr, betas, eps, weight_decay=1e-2, amsgrad, maximize), plus
-    `provider` (None = best available: cpu C++ on CPU, triton on CUDA).
+    `provider` (None = best available: cpu C++ on CPU, triton on CUDA). `foreach` and `fused` are
+    accepted so that a torch.optim.AdamW call line works unchanged; they choose nothing here, every
+    step being one fused multi-tensor call.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
                  maximize: bool = False, provider: str | None = None, capturable: bool = False,
-                 differentiable: bool = False) -> None:
+                 differentiable: bool = False, foreach: bool | None = None,
+                 fused: bool | None = None) -> None:
         oc.check_hparams(lr, betas, eps, weight_decay, "AdamW")
         if capturable or differentiable:
             raise oc.OptimizerError("AdamW: capturable and differentiable are not supported "

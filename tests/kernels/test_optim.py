@@ -140,8 +140,25 @@ def test_adamw_state_dict_round_trip_and_torch_interop() -> None:
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(straight, in_torch))
 
 
+@pytest.mark.parametrize("kwargs", [{"fused": True}, {"foreach": True}, {"foreach": False, "fused": None}])
+def test_adamw_takes_a_torch_call_line_unchanged(kwargs) -> None:
+    """torch.optim.AdamW's foreach= / fused= are accepted and change nothing (one fused call)."""
+    g = torch.Generator().manual_seed(2)
+    ps = [nn.Parameter(torch.randn(5, 3, generator=g)), nn.Parameter(torch.randn(4, generator=g))]
+    qs = [nn.Parameter(p.detach().clone()) for p in ps]
+    ours, plain = AdamW(ps, lr=1e-2, **kwargs), AdamW(qs, lr=1e-2)
+    for _ in range(3):
+        for p, q in zip(ps, qs):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        ours.step()
+        plain.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    ({"capturable": True}, "capturable"), ({"lr": -1.0}, "learning rate"),
+    ({"capturable": True}, "capturable"), ({"differentiable": True}, "differentiable"),
+    ({"lr": -1.0}, "learning rate"),
     ({"betas": (0.9, 1.0)}, "betas"), ({"weight_decay": -0.1}, "weight_decay"),
 ])
 def test_adamw_refuses_clearly(kwargs, message) -> None:
