@@ -351,20 +351,24 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Drop-in for HF LlamaRMSNorm (offset=0) and GemmaRMSNorm (offset=1.0, weight init 0)."""
+    """Drop-in for HF LlamaRMSNorm (offset=0) and GemmaRMSNorm (offset=1.0, weight init 0), and
+    for torch.nn.RMSNorm's keywords (`elementwise_affine=False`: no weight)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0,
-                 casting: str | None = None, provider: str | None = None, device=None, dtype=None) -> None:
+                 casting: str | None = None, provider: str | None = None, device=None, dtype=None,
+                 *, elementwise_affine: bool = True) -> None:
         super().__init__()
         init = torch.zeros if offset else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype)) if elementwise_affine else None
+        self.hidden_size = hidden_size
         self.eps, self.offset, self.casting, self.provider = eps, offset, _casting(offset, casting), provider
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.offset, casting=self.casting, provider=self.provider)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}, offset={self.offset}, casting={self.casting}"
+        size = self.weight.shape[0] if self.weight is not None else self.hidden_size
+        return f"{size}, eps={self.eps}, offset={self.offset}, casting={self.casting}"
 
 
 class AddLayerNorm(LayerNorm):

@@ -115,6 +115,24 @@ def test_layer_norm_module_is_a_drop_in_for_nn_layer_norm() -> None:
         norms.LayerNorm((4, 48))
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_rms_module_is_a_drop_in_for_nn_rms_norm(affine: bool) -> None:
+    """torch.nn.RMSNorm's keywords and state dict; without a weight there is none to load."""
+    ref = torch.nn.RMSNorm(48, eps=1e-6, elementwise_affine=affine)
+    if affine:
+        with torch.no_grad():
+            ref.weight.copy_(make((48,), torch.float32, 4, shift=1.0))
+    ours = norms.RMSNorm(48, eps=1e-6, provider="cpu", elementwise_affine=affine)
+    ours.load_state_dict(ref.state_dict())
+    assert (ours.weight is None) == (not affine) and repr(ours).startswith("RMSNorm(48, eps=1e-06")
+    x = make((3, 7, 48), torch.float32, 3).requires_grad_()
+    got, want = ours(x), ref(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    g_got, = torch.autograd.grad(got.square().sum(), x)
+    g_want, = torch.autograd.grad(want.square().sum(), x)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-5)
+
+
 def test_add_modules_return_sum_and_normed() -> None:
     x, r = make((5, 32), torch.float32, 1), make((5, 32), torch.float32, 2)
     s, y = norms.AddRMSNorm(32, provider="cpu")(x, r)
