@@ -62,10 +62,15 @@ def _cpu(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, 
                                     grad_averaging, use_nvlamb)
 
 
-def _triton(params, grads, exp_avgs, exp_avg_sqs, steps, **hp):
+def _triton(params, grads, exp_avgs, exp_avg_sqs, steps, *, grad_divisor, **hp):
+    """The Triton step; its clipping divisor is a tensor on the parameters' device (a float is
+    filled in there: no host->device copy)."""
     from kernels import profiled_ops
 
-    profiled_ops.namespace("kernels.triton_optim").lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, **hp)
+    if not isinstance(grad_divisor, torch.Tensor):
+        grad_divisor = torch.full((), float(grad_divisor), dtype=torch.float64, device=params[0].device)
+    profiled_ops.namespace("kernels.triton_optim").lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps,
+                                                             grad_divisor=grad_divisor, **hp)
 
 
 def _cost(p: torch.Tensor, *args, **kwargs) -> Cost:
@@ -99,6 +104,15 @@ SPEC = register_kernel(KernelSpec(
     provider_checks={"triton": lambda p, *a, **k: "float64 is not supported by the Triton kernel"
                      if p.dtype == torch.float64 else None},
 ))
+
+
+def device_grad_divisor(grads: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
+    """max(1, ||g|| / max_grad_norm) over all grads as a 0-dim fp64 tensor on their device, with
+    no host read: a GPU step stays asynchronous (apex's FusedLAMB keeps the norm on the GPU too).
+    The norm is global_grad_norm's: per-tensor norms in fp32 (fp64 grads in fp64), summed in fp64."""
+    norms = torch._foreach_norm([g if g.dtype == torch.float64 else g.float() for g in grads])
+    total = torch.stack([n.double() for n in norms]).square().sum().sqrt()
+    return torch.clamp(total / max_grad_norm, min=1.0)
 
 
 def global_grad_norm(grads: list[torch.Tensor]) -> float:
@@ -153,10 +167,14 @@ class LAMB(torch.optim.Optimizer):
         st["exp_avg"] = oc.zeros_state(p)
         st["exp_avg_sq"] = oc.zeros_state(p)
 
-    def _grad_divisor(self, all_buckets) -> float:
+    def _grad_divisor(self, all_buckets) -> float | torch.Tensor:
+        """The clipping divisor: a device tensor when every grad is on one GPU (no sync), else a float."""
         if not self.max_grad_norm:
             return 1.0
         grads = [g for buckets in all_buckets for b in buckets.values() for g in b.grads]
+        devices = {g.device for g in grads}
+        if len(devices) == 1 and next(iter(devices)).type == "cuda":
+            return device_grad_divisor(grads, self.max_grad_norm)
         norm = global_grad_norm(grads)
         return norm / self.max_grad_norm if norm > self.max_grad_norm else 1.0
 

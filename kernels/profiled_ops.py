@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-# C++ op name -> (Triton module, function, schema arguments): the C++ op's, name for name.
+# C++ op name -> (Triton module, function, schema arguments): the C++ op's, name for name, but for
+# LAMB's grad_divisor, a device tensor on the Triton side (computed there without a host read).
 ENTRY_POINTS: dict[str, tuple[str, str, str]] = {
     "act_fwd": ("kernels.triton_activations", "act_fwd", "Tensor x, Tensor? bias, Tensor(a!) out, int kind"),
     "act_bwd": ("kernels.triton_activations", "act_bwd",
@@ -63,7 +64,7 @@ ENTRY_POINTS: dict[str, tuple[str, str, str]] = {
     "lamb_step_": ("kernels.triton_optim", "lamb_step",
                    "Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
                    "Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
-                   "float grad_divisor, bool bias_correction, bool adam_w_mode, bool grad_averaging, "
+                   "Tensor grad_divisor, bool bias_correction, bool adam_w_mode, bool grad_averaging, "
                    "bool use_nvlamb"),
 }
 # Entry points whose Python function takes its hyper-parameters by keyword: how many of the

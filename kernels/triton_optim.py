@@ -163,9 +163,10 @@ def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, ep
 
 @triton.jit
 def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, scal, part_p, part_u, b1, b2, w2, b3,
-                 eps, inv_clip, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr,
+                 eps, inv_clip_ptr, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr,
                  ALIGNED: tl.constexpr):
     c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
+    inv_clip = tl.load(inv_clip_ptr)  # 1 / the clipping divisor, computed on the device
     offs = start + tl.arange(0, BLOCK)
     mask = offs < numel
     if ALIGNED:
@@ -353,6 +354,14 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
         ALIGNED=aligned)
 
 
+def inverse_divisor(grad_divisor: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """1 / grad_divisor as a [1] fp32 tensor on `device`, never read on the host: a device tensor
+    (LAMB's clipping divisor on a GPU) is divided there, a float is filled in by a kernel."""
+    if isinstance(grad_divisor, torch.Tensor):
+        return (1.0 / grad_divisor.to(device=device, dtype=torch.float64)).float().reshape(1)
+    return torch.full((1,), 1.0 / grad_divisor, dtype=torch.float32, device=device)
+
+
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
               weight_decay, grad_divisor, bias_correction, adam_w_mode, grad_averaging,
               use_nvlamb) -> None:
@@ -370,7 +379,8 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
     grid = (tab.n_chunks,)
     _lamb_stage1[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, part_p, part_u,
                        beta1, beta2, 1 - beta2, (1 - beta1) if grad_averaging else 1.0, eps,
-                       1.0 / grad_divisor, l2, dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned)
+                       inverse_divisor(grad_divisor, dev), l2, dec, DT=_DT[dt], BLOCK=BLOCK,
+                       ALIGNED=aligned)
     norms = []
     for part in (part_p, part_u):  # per-tensor sums of consecutive chunks, deterministic, fp64
         cs = torch.nn.functional.pad(torch.cumsum(part.double(), 0), (1, 0))  # cs[k] = sum of k first

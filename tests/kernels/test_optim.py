@@ -371,3 +371,45 @@ def test_every_instruction_set_copy_matches_over_100_steps(isa: str, monkeypatch
         if dtype == torch.float32:
             for o, t in zip(ours, truth):
                 assert torch.allclose(o.double(), t, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
+def test_device_grad_divisor_matches_the_host_one(scale: float) -> None:
+    """LAMB's clipping divisor computed as a tensor (the GPU path, no host read) equals the host
+    one, below, near and above the threshold, over mixed dtypes."""
+    from kernels.optim_lamb import device_grad_divisor, global_grad_norm
+
+    g = torch.Generator().manual_seed(9)
+    grads = [torch.randn(s, generator=g).mul(scale).to(dt) for s, dt in
+             (((7, 3), torch.float32), ((130,), torch.bfloat16), ((), torch.float64), ((5, 5, 2), torch.float16))]
+    norm = global_grad_norm(grads)
+    for max_norm in (0.5 * norm, norm, 2.0 * norm, 1.0):
+        want = norm / max_norm if norm > max_norm else 1.0
+        got = device_grad_divisor(grads, max_norm)
+        assert got.dim() == 0 and got.dtype == torch.float64
+        assert float(got) == pytest.approx(want, rel=1e-6, abs=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_lamb_clipping_stays_on_the_device() -> None:
+    """On a GPU, LAMB with clipping computes its divisor there: a step makes no synchronizing
+    call (torch's sync debug mode raises on one) and matches the host-divisor reference."""
+    shapes = ((7, 3), (1500,), (64, 65))
+    p0, seq = initial(shapes), grad_sequence(shapes, steps=3)
+    params = [nn.Parameter(p.float().cuda()) for p in p0]  # fp32: the triton provider's step
+    opt = LAMB(params, lr=1e-2, max_grad_norm=0.5)
+    for i, grads in enumerate(seq):
+        for p, g in zip(params, grads):
+            p.grad = g.float().cuda()
+        if i == 0:
+            opt.step()  # the first step builds state and tables
+            continue
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    want = run(lambda ps: LAMB(ps, lr=1e-2, max_grad_norm=0.5, provider="reference"), p0, seq, torch.float32)
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.detach().cpu(), w, rtol=1e-5, atol=1e-6)
