@@ -391,13 +391,16 @@ def test_device_grad_divisor_matches_the_host_one(scale: float) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
-def test_cuda_lamb_clipping_stays_on_the_device() -> None:
-    """On a GPU, LAMB with clipping computes its divisor there: a step makes no synchronizing
-    call (torch's sync debug mode raises on one) and matches the host-divisor reference."""
+@pytest.mark.parametrize("name", ["LAMB", "AdamW"])
+def test_cuda_optimizer_steps_never_synchronize(name: str) -> None:
+    """On a GPU a step makes no synchronizing call (torch's sync debug mode raises on one): LAMB
+    computes its clipping divisor there; both match the reference provider's parameters."""
+    make = {"LAMB": lambda ps, **kw: LAMB(ps, lr=1e-2, max_grad_norm=0.5, **kw),
+            "AdamW": lambda ps, **kw: AdamW(ps, lr=1e-2, weight_decay=0.1, **kw)}[name]
     shapes = ((7, 3), (1500,), (64, 65))
     p0, seq = initial(shapes), grad_sequence(shapes, steps=3)
     params = [nn.Parameter(p.float().cuda()) for p in p0]  # fp32: the triton provider's step
-    opt = LAMB(params, lr=1e-2, max_grad_norm=0.5)
+    opt = make(params)
     for i, grads in enumerate(seq):
         for p, g in zip(params, grads):
             p.grad = g.float().cuda()
@@ -410,6 +413,6 @@ def test_cuda_lamb_clipping_stays_on_the_device() -> None:
             opt.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    want = run(lambda ps: LAMB(ps, lr=1e-2, max_grad_norm=0.5, provider="reference"), p0, seq, torch.float32)
+    want = run(lambda ps: make(ps, provider="reference"), p0, seq, torch.float32)
     for p, w in zip(params, want):
         torch.testing.assert_close(p.detach().cpu(), w, rtol=1e-5, atol=1e-6)
