@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernels import optim_common as oc
+from kernels.providers import cpu_ops
 from kernels.registry import Cost, KernelSpec, Supports, register_kernel, register_op_cost, total_cost
 
 
@@ -40,10 +41,7 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
 
 def _cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
          weight_decay, amsgrad, maximize):
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    torch.ops.fusionlens.adamw_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+    cpu_ops().adamw_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
                                      lr, beta1, beta2, eps, weight_decay, amsgrad, maximize)
 
 

@@ -22,6 +22,7 @@ import math
 import torch
 
 from kernels import optim_common as oc
+from kernels.providers import cpu_ops
 from kernels.registry import (Cost, KernelSpec, Supports, io_bytes, op_only_cost, register_kernel, register_op_cost,
                               total_cost)
 
@@ -54,12 +55,8 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2,
 
 def _cpu(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
          grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb):
-    from kernels._build import load_cpu_ops
-
-    load_cpu_ops()
-    torch.ops.fusionlens.lamb_step_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2,
-                                    eps, weight_decay, grad_divisor, bias_correction, adam_w_mode,
-                                    grad_averaging, use_nvlamb)
+    cpu_ops().lamb_step_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
+                         grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb)
 
 
 def _triton(params, grads, exp_avgs, exp_avg_sqs, steps, *, grad_divisor, **hp):
@@ -123,10 +120,7 @@ def global_grad_norm(grads: list[torch.Tensor]) -> float:
     cpu = [g for g in grads if g.device.type == "cpu" and oc.is_dense(g)]
     if cpu:
         try:
-            from kernels._build import load_cpu_ops
-
-            load_cpu_ops()
-            total += float(torch.ops.fusionlens.multi_sumsq(cpu).sum())
+            total += float(cpu_ops().multi_sumsq(cpu).sum())
         except Exception:  # no compiler: the eager norm below is exact enough
             total += sum(float(g.double().square().sum()) for g in cpu)
     rest = [g for g in grads if not (g.device.type == "cpu" and oc.is_dense(g))]
