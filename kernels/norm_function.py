@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kernels import _alloc
-from kernels.providers import cpu_ops, provider_ops
+from kernels.providers import provider_ops
 from kernels.registry import new_output, poisoning
 
 
@@ -120,7 +120,6 @@ class _FusedNorm(torch.autograd.Function):
                 None, None, None)
 
 
-_cpu_ops = cpu_ops  # its ops only write into given outputs: torch's generated fake kernels trace them
 _NORM_TRAIN: Any = None  # torch.ops.fusionlens.norm_train.default, looked up on the first eager call
 
 

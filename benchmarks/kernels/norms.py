@@ -97,9 +97,9 @@ def _third_party(kernel: str, n: int) -> dict:
 
 def _prealloc(kernel: str, t: dict, eps: float, backward: bool):
     """One call of our C++ ops on outputs allocated once (fwd, or fwd + bwd with dy as every grad)."""
-    from kernels.norm_function import _cpu_ops
+    from kernels.providers import cpu_ops
 
-    ops = _cpu_ops()
+    ops = cpu_ops()
     x, r, dy = t["x"], t["r"], t["dy"]
     m, n = x.shape
     w32, b32 = t["w"].float().contiguous(), t["b"].float().contiguous()

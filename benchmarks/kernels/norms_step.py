@@ -61,9 +61,10 @@ def _step(fn, t: dict[str, torch.Tensor]):
 
 def variants(m: int, n: int, dtype: torch.dtype) -> dict[str, object]:
     """Zero-argument callables of every piece (see the module docstring)."""
-    from kernels.norm_function import _cpu_ops, apply_norm
+    from kernels.norm_function import apply_norm
+    from kernels.providers import cpu_ops
 
-    ops = _cpu_ops()
+    ops = cpu_ops()
     t, tiny = _inputs(m, n, dtype), _inputs(1, n, dtype)
     ours = lambda x, w, b: kernels.layer_norm(x, w, b, 1e-5, provider="cpu")  # noqa: E731
     aten = lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)  # noqa: E731
