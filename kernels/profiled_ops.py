@@ -76,15 +76,20 @@ _lock = threading.Lock()
 _library: Any = None
 
 
+_DISPATCH_STACK_LEN = getattr(torch._C, "_len_torch_dispatch_stack", None)
+
+
+def dispatch_mode_active() -> bool:
+    """A TorchDispatchMode is on the stack (a private torch name, present in 2.11 and 2.13: read
+    defensively). kernels.tuning asks too: it never times a call under one."""
+    return _DISPATCH_STACK_LEN is not None and _DISPATCH_STACK_LEN() > 0
+
+
 def watched() -> bool:
-    """A profiler records, or a dispatch mode intercepts, and no compiler is tracing (both flags
-    are private torch names, present in 2.11 and 2.13: read defensively)."""
-    if torch.compiler.is_compiling():
-        return False
-    if getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
-        return True
-    stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
-    return bool(stack_len is not None and stack_len() > 0)
+    """A compiler traces, a profiler records or a dispatch mode intercepts: the entry points then
+    run as their library ops (`_is_profiler_enabled` is private too: read defensively)."""
+    return (torch.compiler.is_compiling() or getattr(torch.autograd.profiler, "_is_profiler_enabled", False)
+            or dispatch_mode_active())
 
 
 def define_ops() -> None:
@@ -138,7 +143,7 @@ def entry(name: str) -> Callable[..., None]:
 
     @functools.wraps(direct)
     def call(*args: Any, **kwargs: Any) -> None:
-        if not (torch.compiler.is_compiling() or watched()):
+        if not watched():
             return direct(*args, **kwargs)
         define_ops()
         return getattr(torch.ops.fusionlens, PREFIX + name)(*args, *(kwargs[k] for k in names))

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 
-from kernels import registry
+from kernels import profiled_ops, registry
 from kernels.registry import KERNELS, PROVIDER_ORDER, KernelSpec
 from kernels.tuning_store import DecisionStore
 
@@ -180,9 +180,6 @@ def call_key(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
 _LOCAL = threading.local()
 
 
-_DISPATCH_STACK_LEN = getattr(torch._C, "_len_torch_dispatch_stack", None)  # private: read defensively
-
-
 def _tracing() -> bool:
     """torch.compile or torch.jit.trace is tracing: sizes may be symbolic (a JIT trace's numel() is
     a tensor), so no key is computed and nothing is measured."""
@@ -199,8 +196,8 @@ def _not_now(args: tuple[Any, ...]) -> str | None:
         return "a measurement is already running on this thread"
     if torch._C._autograd._profiler_enabled():
         return "the autograd profiler is recording"
-    if _DISPATCH_STACK_LEN is not None and _DISPATCH_STACK_LEN() > 0:  # a recorder would log the
-        return "a TorchDispatchMode is active"  # timing runs; under FakeTensorMode they time nothing real
+    if profiled_ops.dispatch_mode_active():  # a recorder would log the timing runs as the model's
+        return "a TorchDispatchMode is active"  # ops; under FakeTensorMode they time nothing real
     if registry._device_type(args) == "cuda" and torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured"
     return None
