@@ -354,12 +354,10 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
         ALIGNED=aligned)
 
 
-def inverse_divisor(grad_divisor: float | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """1 / grad_divisor as a [1] fp32 tensor on `device`, never read on the host: a device tensor
-    (LAMB's clipping divisor on a GPU) is divided there, a float is filled in by a kernel."""
-    if isinstance(grad_divisor, torch.Tensor):
-        return (1.0 / grad_divisor.to(device=device, dtype=torch.float64)).float().reshape(1)
-    return torch.full((1,), 1.0 / grad_divisor, dtype=torch.float32, device=device)
+def inverse_divisor(grad_divisor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """1 / grad_divisor (a 0-dim tensor: LAMB's clipping divisor) as a [1] fp32 tensor on
+    `device`, computed there, never read on the host."""
+    return (1.0 / grad_divisor.to(device=device, dtype=torch.float64)).float().reshape(1)
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
