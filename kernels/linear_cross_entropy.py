@@ -192,6 +192,7 @@ SPEC = register_kernel(KernelSpec(
     supports=Supports(dtypes=FLOAT_DTYPES),
     cost=_cost,
     description="linear + cross-entropy in token chunks; the [N, V] logits never exist",
+    func_safe=(),  # its aten provider is a chunked autograd.Function too
 ))
 
 

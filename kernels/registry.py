@@ -77,6 +77,10 @@ class KernelSpec:
     # Optional key of measured provider choice: fn(*args, **kwargs) -> str naming the size bucket
     # and the mode arguments that change the algorithm (None: `tuning.default_key`).
     tune_key: Callable[..., str] | None = None
+    # Providers made of plain PyTorch ops (no autograd.Function, no library op), which torch.func
+    # transforms (grad, vmap, jacrev, ...) see through; under a transform only these and the
+    # reference can run.
+    func_safe: tuple[str, ...] = ("aten",)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -279,6 +283,9 @@ def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapp
     device = _device_type(args)
     if provider == "reference":
         return None
+    if provider not in spec.func_safe and torch._C._are_functorch_transforms_active():
+        return (f"a torch.func transform (grad, vmap, jacrev, ...) is active: the {provider} "
+                "provider's custom autograd.Function / library op does not compose with it")
     interpreted = provider == "triton" and device == "cpu" and triton_interpreted()
     if not interpreted and (device not in PROVIDER_ORDER or provider not in PROVIDER_ORDER[device]):
         return f"provider {provider} does not run on {device} tensors"

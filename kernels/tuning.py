@@ -18,8 +18,10 @@ a provider `DROP_FACTOR` x slower than the fastest in the first round (and long)
 The measured outputs are dropped: the real call runs afterwards with the chosen provider.
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
-trace, under `poison_outputs()`, while a CUDA graph is captured or the autograd profiler records
-(a stored decision is still used there). `FUSIONLENS_PROVIDER_CHOICE=order` turns measuring off.
+trace, under `poison_outputs()`, while a CUDA graph is captured, the autograd profiler records, a
+TorchDispatchMode or a torch.func transform is active (a stored decision is still used there).
+Saved-tensor hooks (`torch.utils.checkpoint`, `save_on_cpu`) are set aside while measuring: the
+timing runs' graphs are not the model's. `FUSIONLENS_PROVIDER_CHOICE=order` turns measuring off.
 Optimizers stay on the order: their providers mutate state and `select_provider` sees only a
 representative tensor, not the call.
 """
@@ -31,6 +33,7 @@ import random
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -198,9 +201,30 @@ def _not_now(args: tuple[Any, ...]) -> str | None:
         return "the autograd profiler is recording"
     if profiled_ops.dispatch_mode_active():  # a recorder would log the timing runs as the model's
         return "a TorchDispatchMode is active"  # ops; under FakeTensorMode they time nothing real
+    if torch._C._are_functorch_transforms_active():  # the arguments are wrapped tensors
+        return "a torch.func transform is active"
     if registry._device_type(args) == "cuda" and torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured"
     return None
+
+
+@contextmanager
+def _saved_tensor_hooks_aside():
+    """Run without this thread's saved-tensor hooks, then put them back in the same order.
+
+    torch.utils.checkpoint (non-reentrant) packs every tensor its forward saves and requires the
+    recomputation to save as many: timing runs inside the first forward (the recomputation reuses
+    the decision) broke that count. save_on_cpu would copy the timing runs' tensors to the host.
+    """
+    hooks = []
+    while (top := torch._C._autograd._top_saved_tensors_default_hooks(True)) is not None:
+        hooks.append(top)
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(hooks):
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
 # ---------------------------------------------------------------- timing
@@ -402,7 +426,8 @@ def _decide(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], 
     t0 = time.perf_counter()
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
-        m = measure(spec, runnable, args, kwargs, grad)
+        with _saved_tensor_hooks_aside():
+            m = measure(spec, runnable, args, kwargs, grad)
     finally:
         _LOCAL.depth -= 1
     skipped = {**skipped, **m.failed}

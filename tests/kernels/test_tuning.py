@@ -365,3 +365,73 @@ def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(mon
         before = Counter(r[r.index(name) - 1] if r.index(name) else "" for r in rounds)
         assert max(before.values()) <= 5, (name, before)  # a fixed rotation gives 6 of 9 (or 9 of 9)
     assert len({r[0] for r in rounds}) == 3
+
+
+def _real_cpu_or_skip() -> None:
+    if _REAL_CPU["reason"] is not None:
+        pytest.skip(f"cpu provider unavailable: {_REAL_CPU['reason']}")
+
+
+_CHECKPOINTED = {  # kernel -> f(x, w) of a [rows, 24] input and a [24] weight
+    "rms_norm": lambda x, w: kernels.rms_norm(x, w, 1e-6),
+    "layer_norm": lambda x, w: kernels.layer_norm(x, w, w * 0.5, 1e-5),
+    "add_rms_norm": lambda x, w: kernels.add_rms_norm(x, x * 0.5, w, 1e-6)[1],
+    "gelu": lambda x, w: kernels.gelu(x * w, approximate="tanh"),
+    "swiglu": lambda x, w: kernels.swiglu(x, x * w),
+    "softmax": lambda x, w: kernels.softmax(x * w, causal=True),
+    "rope": lambda x, w: kernels.rope(x.view(1, 1, -1, 24), (x * w).view(1, 1, -1, 24), *_tables(x.shape[0]))[1],
+}
+
+
+def _tables(seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), torch.linspace(0.1, 1.0, 12)).repeat(1, 2)
+    return angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("name", sorted(_CHECKPOINTED))
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_first_call_inside_activation_checkpointing_is_measured_and_recomputes(name, reentrant) -> None:
+    """The default (measure) mode inside torch.utils.checkpoint: the timing runs of the first call
+    used to be packed by the checkpoint's saved-tensor hooks, so the recomputation (which reuses
+    the decision) saved fewer tensors and the backward raised CheckpointError."""
+    _real_cpu_or_skip()
+    f = _CHECKPOINTED[name]
+    x0, w0 = torch.randn(13, 24), torch.randn(24)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out = torch.utils.checkpoint.checkpoint(f, x, w, use_reentrant=reentrant)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    decisions = json.loads(tuning_store.store_path().read_text())["machines"][tuning_store.machine("cpu")[0]]
+    assert any(k.startswith(f"{name}|") and "|fwd+bwd|" in k for k in decisions["decisions"])  # measured
+    xr, wr = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ref = f(xr, wr)  # same key, decided above: the same provider, no checkpoint
+    (ref * torch.linspace(-1, 1, ref.numel()).view_as(ref)).sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(w.grad, wr.grad)
+
+
+def test_measuring_sets_the_callers_saved_tensor_hooks_aside(toy) -> None:
+    """Under saved-tensor hooks (checkpoint, save_on_cpu) a measured call packs exactly what a
+    reused decision packs: the timing runs' graphs never reach the hooks, which stay in place."""
+    _SlowBackward.backward_calls = 0
+    spec = toy(cpu=1, aten=1, reference=20)
+    KERNELS[spec.name] = KernelSpec(spec.name, spec.reference,
+                                    {"cpu": lambda x: _SlowBackward.apply(x, 1) * x,
+                                     "aten": lambda x: _SlowBackward.apply(x, 1) * x}, spec.supports)
+    packed: list[int] = []
+
+    def pack(t):
+        packed.append(t.numel())
+        return t
+
+    x = torch.randn(N, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        first = dispatch(spec.name, x)
+        n_first = len(packed)
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        second = dispatch(spec.name, x)
+    assert _SlowBackward.backward_calls >= 4  # the first call was measured, with backward
+    assert n_first == len(packed) - n_first == 2  # x * y saves both; timing runs saved nothing here
+    assert hooks is not None and hooks[0] is pack  # put back
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    (first + second).sum().backward()
