@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.double_backward import create_graph, vjp_of
 from kernels.providers import provider_ops
 from kernels.registry import (Cost, KernelSpec, Supports, dispatch, io_bytes, new_output, op_only_cost,
                               register_kernel, register_op_cost)
@@ -73,22 +74,35 @@ def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _act_eager(x: torch.Tensor, bias: torch.Tensor | None, kind: int) -> torch.Tensor:
+    """act(x [+ bias]) from eager ops, in fp32 and rounded once like the fused kernels (the
+    differentiable form a backward with create_graph=True uses)."""
+    z = x.float() if bias is None else x.float() + bias.float()
+    y = F.silu(z) if kind == KIND_SILU else F.gelu(z, approximate="tanh" if kind == KIND_GELU_TANH else "none")
+    return y.to(x.dtype)
+
+
+def _glu_eager(a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
+    return (_act_eager(a, None, kind).float() * b.float()).to(a.dtype)
+
+
 class _ActFn(torch.autograd.Function):
     """y = act(x [+ bias]); backward recomputes act' from x (nothing but x and bias is saved)."""
 
     @staticmethod
-    def forward(ctx, ops, x, bias, kind):
-        x = x.contiguous()
-        bias = bias.contiguous() if bias is not None else None
+    def forward(ctx, ops, x, bias, kind):  # x, bias contiguous (made so in autograd's view: `_act`)
+        ctx.save_for_backward(x, bias)  # the inputs themselves: a double backward differentiates them
         out = new_output(x.shape, x)
         ops.act_fwd(x, bias, out, kind)
-        ctx.save_for_backward(x, bias)
         ctx.ops, ctx.kind = ops, kind
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x, bias = ctx.saved_tensors
+        if create_graph():
+            return None, *vjp_of(lambda x, b: _act_eager(x, b, ctx.kind), (x, bias), ctx.needs_input_grad[1:3],
+                                 (grad,)), None
         grad_x = new_output(x.shape, x)
         grad_b = new_output(bias.shape, bias) if bias is not None and ctx.needs_input_grad[2] else None
         ctx.ops.act_bwd(grad.contiguous(), x, bias, grad_x, grad_b, ctx.kind)
@@ -99,17 +113,19 @@ class _GluFn(torch.autograd.Function):
     """y = act(a) * b; backward: grad_a = g * b * act'(a), grad_b = g * act(a), in one pass."""
 
     @staticmethod
-    def forward(ctx, ops, a, b, kind):
-        a, b = a.contiguous(), b.contiguous()
+    def forward(ctx, ops, a, b, kind):  # a, b contiguous (`_glu`)
+        ctx.save_for_backward(a, b)
         out = new_output(a.shape, a)
         ops.glu_fwd(a, b, out, kind)
-        ctx.save_for_backward(a, b)
         ctx.ops, ctx.kind = ops, kind
         return out
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
+        if create_graph():
+            return None, *vjp_of(lambda a, b: _glu_eager(a, b, ctx.kind), (a, b), ctx.needs_input_grad[1:3],
+                                 (grad,)), None
         grad_a, grad_b = new_output(a.shape, a), new_output(b.shape, b)
         ctx.ops.glu_bwd(grad.contiguous(), a, b, grad_a, grad_b, ctx.kind)
         return None, grad_a, grad_b, None
@@ -117,19 +133,20 @@ class _GluFn(torch.autograd.Function):
 
 def _act(provider: str, x: torch.Tensor, bias: torch.Tensor | None, kind: int) -> torch.Tensor:
     ops = _ops(provider)
+    x = x.contiguous()  # recorded by autograd when it records (see `_glu`)
+    bias = bias.contiguous() if bias is not None else None
     if _needs_grad(x, bias):
         return _ActFn.apply(ops, x, bias, kind)
-    x = x.contiguous()
     out = new_output(x.shape, x)
-    ops.act_fwd(x, bias.contiguous() if bias is not None else None, out, kind)
+    ops.act_fwd(x, bias, out, kind)
     return out
 
 
 def _glu(provider: str, a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
     ops = _ops(provider)
-    if _needs_grad(a, b):
+    a, b = a.contiguous(), b.contiguous()  # recorded by autograd when it records: the saved inputs
+    if _needs_grad(a, b):                  # stay connected to the caller's for a double backward
         return _GluFn.apply(ops, a, b, kind)
-    a, b = a.contiguous(), b.contiguous()
     out = new_output(a.shape, a)
     ops.glu_fwd(a, b, out, kind)
     return out

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, cast_output, validate
+from kernels.double_backward import create_graph, vjp_of
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost,
                               register_kernel, register_op_cost)
 
@@ -49,12 +50,11 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index, label_smoothing, reduction, provider):
-        ops = ROW_OPS[provider]
-        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        ops = ROW_OPS[provider]  # logits have a unit last stride (`_fused`)
         t = target.to(torch.long).contiguous()
-        loss_rows, lse = ops.forward(x, t, ignore_index, float(label_smoothing))
+        loss_rows, lse = ops.forward(logits, t, ignore_index, float(label_smoothing))
         valid = t != ignore_index
-        ctx.save_for_backward(x, t, lse, valid)
+        ctx.save_for_backward(logits, t, lse, valid)
         ctx.args = (ignore_index, float(label_smoothing), reduction, provider)
         return reduce_rows(loss_rows, valid, reduction, logits.dtype)
 
@@ -62,6 +62,10 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, t, lse, valid = ctx.saved_tensors
         ignore_index, eps, reduction, provider = ctx.args
+        if create_graph():  # the reference's gradient, from eager ops: differentiable again
+            def loss(logits):
+                return _reference(logits.float(), t, ignore_index, eps, reduction).to(logits.dtype)
+            return vjp_of(loss, (x,), (True,), (grad_out,))[0], None, None, None, None, None
         grad_rows = grad_rows_for(grad_out, valid, reduction).contiguous()
         grad = ROW_OPS[provider].backward(x, t, lse, grad_rows, ignore_index, eps)
         return grad, None, None, None, None, None
@@ -88,6 +92,8 @@ def _aten(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mea
 
 def _fused(provider: str):
     def run(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        if logits.stride(-1) != 1:  # a copy autograd records: the saved logits stay connected
+            logits = logits.contiguous()
         return _CrossEntropyFunction.apply(logits, target, ignore_index, label_smoothing,
                                            reduction, provider)
 

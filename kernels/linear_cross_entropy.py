@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.double_backward import create_graph, refuse
 from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, cast_output, validate
 from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
 
@@ -102,6 +103,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if create_graph():  # the forward computed the grads: nothing here is differentiable in x
+            refuse("fused_linear_cross_entropy")
         dx, dw, db, factor = ctx.saved_tensors
         shape, w_dtype, b_dtype = ctx.meta
         if factor is not None:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.double_backward import create_graph
 from kernels.providers import provider_ops
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output_like,
                               op_only_cost, register_kernel, register_op_cost)
@@ -69,6 +70,15 @@ def _table(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32).contiguous()
 
 
+def _rotate_back_eager(g: torch.Tensor, cos32: torch.Tensor, sin32: torch.Tensor) -> torch.Tensor:
+    """The rotation's transpose from eager ops (a differentiable backward): g*cos + R^T(g*sin),
+    where rotate_half is R = [[0, -I], [I, 0]] and so R^T(u) = cat(u2, -u1)."""
+    c, s = cos32.unsqueeze(1), sin32.unsqueeze(1)  # [b or 1, 1, seq, d] against [b, heads, seq, d]
+    u = g.float() * s
+    u1, u2 = u.chunk(2, -1)
+    return (g.float() * c + torch.cat((u2, -u1), -1)).to(g.dtype)
+
+
 def _rotate(ops: Any, x: torch.Tensor, cos32: torch.Tensor, sin32: torch.Tensor,
             backward: bool) -> torch.Tensor:
     if x.shape[-1] > 1 and x.stride(-1) != 1:
@@ -90,6 +100,10 @@ class _RopeFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_q, grad_k):
         cos32, sin32 = ctx.saved_tensors
+        if create_graph():  # linear in the grads: the transpose from eager ops is differentiable
+            return (None, _rotate_back_eager(grad_q, cos32, sin32) if grad_q is not None and ctx.needs_input_grad[1] else None,
+                    _rotate_back_eager(grad_k, cos32, sin32) if grad_k is not None and ctx.needs_input_grad[2] else None,
+                    None, None)
         gq = _rotate(ctx.ops, grad_q, cos32, sin32, True) if grad_q is not None and ctx.needs_input_grad[1] else None
         gk = _rotate(ctx.ops, grad_k, cos32, sin32, True) if grad_k is not None and ctx.needs_input_grad[2] else None
         return None, gq, gk, None, None

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.double_backward import create_graph
 from kernels.providers import provider_ops
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output,
                               op_only_cost, register_kernel, register_op_cost)
@@ -84,6 +85,11 @@ class _SoftmaxFn(torch.autograd.Function):
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
         want_mask = ctx.needs_input_grad[2]
+        if create_graph():  # eager ops on the saved output (whose grad_fn is this node): differentiable
+            yf = y.float()
+            grad_s = (yf * (grad.float() - (grad.float() * yf).sum(-1, keepdim=True))).to(y.dtype)
+            grad_mask = grad_s.sum_to_size(ctx.mask_shape) if want_mask else None
+            return None, grad_s * ctx.scale if ctx.needs_input_grad[1] else None, grad_mask, None, None
         grad_x = new_output(y.shape, y)
         # grad wrt the logits s = x * scale + mask is grad_x / scale: get it unscaled when needed.
         ctx.ops.softmax_bwd(grad.contiguous(), y, grad_x, 1.0 if want_mask else ctx.scale, ctx.causal)

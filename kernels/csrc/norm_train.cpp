@@ -139,12 +139,20 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
   }
 
   // The Python backward of kernels/norm_function.py, line for line. Its kernels are called
-  // directly (no autograd graph): a double backward finds grads without grad_fn, as before.
+  // directly (no autograd graph), so a backward with create_graph=True is refused.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &src = saved[0], &w_eff = saved[1], &mean = saved[2], &rstd = saved[3];
     const auto flags = ctx->saved_data["flags"].toBoolList();
     const bool rms = flags[0], llama_cast = flags[1], fused_add = flags[2];
+    // create_graph=True: these kernels are not differentiable, and grads without a graph would
+    // silently drop this norm's second-order term (kernels/double_backward.py).
+    TORCH_CHECK(!at::GradMode::is_enabled(), fused_add ? "add_" : "", rms ? "rms_norm" : "layer_norm",
+                ": a backward with create_graph=True (a second derivative) through the fused kernel is not "
+                "supported; call it with ",
+                rms && fused_add ? "provider='reference'"  // add_rms_norm has no aten provider
+                                 : "provider='aten' (F.layer_norm / F.rms_norm) or provider='reference'",
+                " for that");
     const auto hp = ctx->saved_data["hp"].toIntVector();
     const AllocPolicy p{flags[3], hp[0], hp[1], hp[2]};
     const auto shape = ctx->saved_data["shape"].toIntVector();
