@@ -48,34 +48,34 @@ def _tables(seq: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # name -> (ours, reference) as f(x) for an x of shape [..., rows, n]
-def _cases(n: int):
-    w = torch.randn(n, generator=_gen(7), dtype=torch.float64)
-    mask = torch.randn(n, generator=_gen(8), dtype=torch.float64)
+def _cases(n: int, provider: str = "cpu", device: str = "cpu"):
+    w = torch.randn(n, generator=_gen(7), dtype=torch.float64).to(device)
+    mask = torch.randn(n, generator=_gen(8), dtype=torch.float64).to(device)
 
     def ce(reduction, smoothing):
         def run(fn):
             def f(x):
                 x2 = x.reshape(-1, n)
-                t = torch.arange(x2.shape[0]) * 3 % n
+                t = torch.arange(x2.shape[0], device=x2.device) * 3 % n
                 t[1::4] = -100  # ignored rows
                 return fn(x2, t, ignore_index=-100, label_smoothing=smoothing, reduction=reduction)
             return f
-        return (run(lambda *a, **k: kernels.cross_entropy(*a, **k, provider="cpu")),
+        return (run(lambda *a, **k: kernels.cross_entropy(*a, **k, provider=provider)),
                 run(kernels.KERNELS["cross_entropy"].reference))
 
     ref = {name: kernels.KERNELS[name].reference for name in kernels.KERNELS}
     return {
-        "gelu": (lambda x: kernels.gelu(x, provider="cpu"), lambda x: ref["gelu"](x)),
-        "gelu_tanh": (lambda x: kernels.gelu(x, approximate="tanh", provider="cpu"),
+        "gelu": (lambda x: kernels.gelu(x, provider=provider), lambda x: ref["gelu"](x)),
+        "gelu_tanh": (lambda x: kernels.gelu(x, approximate="tanh", provider=provider),
                       lambda x: ref["gelu"](x, "tanh")),
-        "bias_gelu": (lambda x: kernels.bias_gelu(x, w.to(x.dtype), provider="cpu"),
+        "bias_gelu": (lambda x: kernels.bias_gelu(x, w.to(x.dtype), provider=provider),
                       lambda x: ref["bias_gelu"](x, w.to(x.dtype))),
-        "swiglu": (lambda x: kernels.swiglu(x, torch.sin(x), provider="cpu"),
+        "swiglu": (lambda x: kernels.swiglu(x, torch.sin(x), provider=provider),
                    lambda x: ref["swiglu"](x, torch.sin(x))),
-        "geglu": (lambda x: kernels.geglu(x, x.flip(-1), approximate="tanh", provider="cpu"),
+        "geglu": (lambda x: kernels.geglu(x, x.flip(-1), approximate="tanh", provider=provider),
                   lambda x: ref["geglu"](x, x.flip(-1), "tanh")),
-        "softmax": (lambda x: kernels.softmax(x, scale=0.7, provider="cpu"), lambda x: ref["softmax"](x, -1, 0.7)),
-        "softmax_causal_mask": (lambda x: kernels.softmax(x, scale=0.5, mask=mask.to(x.dtype), causal=True, provider="cpu"),
+        "softmax": (lambda x: kernels.softmax(x, scale=0.7, provider=provider), lambda x: ref["softmax"](x, -1, 0.7)),
+        "softmax_causal_mask": (lambda x: kernels.softmax(x, scale=0.5, mask=mask.to(x.dtype), causal=True, provider=provider),
                                 lambda x: ref["softmax"](x, -1, 0.5, mask.to(x.dtype), True)),
         "cross_entropy_mean_smoothed": ce("mean", 0.1),
         "cross_entropy_sum": ce("sum", 0.0),
@@ -189,3 +189,24 @@ def test_fused_linear_cross_entropy_refuses_create_graph() -> None:
     _, h64 = _hvp(lambda t: kernels.fused_linear_cross_entropy(t, weight.double(), target,
                                                                provider="reference").reshape(1), x.double())
     torch.testing.assert_close(h, h64.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU check)")
+@pytest.mark.parametrize("name", sorted(_cases(8)))
+def test_hessian_vector_product_cuda_triton(name) -> None:
+    """The triton provider's create_graph path (eager ops on the GPU) against float64."""
+    ours, ref = _cases(96, "triton", "cuda")[name]
+    x = _awkward((65, 96), torch.float32, "transposed").cuda()
+    g, h = _hvp(ours, x)
+    g64, h64 = _hvp(ref, x.double())
+    torch.testing.assert_close(g, g64.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(h, h64.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU check)")
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_norms_refuse_create_graph_cuda_triton(name) -> None:
+    w = (torch.rand(96, generator=_gen(2)) + 0.5).cuda()
+    x = torch.randn(8, 96, generator=_gen(3)).cuda().requires_grad_()
+    with pytest.raises(RuntimeError, match=f"{name}: a backward with create_graph=True"):
+        torch.autograd.grad((NORMS[name](x, w, "triton") ** 3).sum(), x, create_graph=True)

@@ -435,3 +435,18 @@ def test_measuring_sets_the_callers_saved_tensor_hooks_aside(toy) -> None:
     assert hooks is not None and hooks[0] is pack  # put back
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
     (first + second).sum().backward()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU check)")
+@pytest.mark.parametrize("name", ["rms_norm", "gelu", "softmax"])
+def test_first_call_inside_activation_checkpointing_cuda(name) -> None:
+    """The same on a GPU: triton, aten and the reference measured (CUDA events) inside checkpoint."""
+    f = _CHECKPOINTED[name]
+    x0, w0 = torch.randn(1000, 24, device="cuda"), torch.randn(24, device="cuda")
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out = torch.utils.checkpoint.checkpoint(f, x, w, use_reentrant=False)
+    out.square().sum().backward()
+    xr, wr = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    f(xr, wr).square().sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(w.grad, wr.grad)
