@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from kernels import _alloc
 
@@ -78,8 +79,8 @@ class KernelSpec:
     # and the mode arguments that change the algorithm (None: `tuning.default_key`).
     tune_key: Callable[..., str] | None = None
     # Providers made of plain PyTorch ops (no autograd.Function, no library op), which torch.func
-    # transforms (grad, vmap, jacrev, ...) see through; under a transform only these and the
-    # reference can run.
+    # transforms (grad, vmap, jacrev, ...) and forward-mode AD see through; under a transform or
+    # inside forward_ad.dual_level() only these and the reference can run (`plain_ops_only`).
     func_safe: tuple[str, ...] = ("aten",)
 
     def __post_init__(self) -> None:
@@ -273,6 +274,12 @@ def _dtype(args: tuple[Any, ...]) -> torch.dtype | None:
     return None
 
 
+def plain_ops_only() -> bool:
+    """A torch.func transform or a forward-mode AD level (dual tensors) is active: only providers
+    made of plain PyTorch ops compose with them (ours would drop a dual tensor's tangent)."""
+    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
+
+
 def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     """None if `provider` can run this call of `spec`, else the reason it cannot."""
     if provider != "reference" and provider not in spec.providers:
@@ -283,9 +290,9 @@ def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapp
     device = _device_type(args)
     if provider == "reference":
         return None
-    if provider not in spec.func_safe and torch._C._are_functorch_transforms_active():
-        return (f"a torch.func transform (grad, vmap, jacrev, ...) is active: the {provider} "
-                "provider's custom autograd.Function / library op does not compose with it")
+    if provider not in spec.func_safe and plain_ops_only():
+        return (f"a torch.func transform (grad, vmap, jacrev, ...) or forward-mode AD is active: the "
+                f"{provider} provider's custom autograd.Function / library op does not compose with it")
     interpreted = provider == "triton" and device == "cpu" and triton_interpreted()
     if not interpreted and (device not in PROVIDER_ORDER or provider not in PROVIDER_ORDER[device]):
         return f"provider {provider} does not run on {device} tensors"

@@ -18,8 +18,9 @@ a provider `DROP_FACTOR` x slower than the fastest in the first round (and long)
 The measured outputs are dropped: the real call runs afterwards with the chosen provider.
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
-trace, under `poison_outputs()`, while a CUDA graph is captured, the autograd profiler records, a
-TorchDispatchMode or a torch.func transform is active (a stored decision is still used there).
+trace, under `poison_outputs()`, while a CUDA graph is captured, the autograd profiler records, or
+a TorchDispatchMode, a torch.func transform or forward-mode AD is active (a stored decision is
+still used there).
 Saved-tensor hooks (`torch.utils.checkpoint`, `save_on_cpu`) are set aside while measuring: the
 timing runs' graphs are not the model's. `FUSIONLENS_PROVIDER_CHOICE=order` turns measuring off.
 Optimizers stay on the order: their providers mutate state and `select_provider` sees only a
@@ -201,8 +202,8 @@ def _not_now(args: tuple[Any, ...]) -> str | None:
         return "the autograd profiler is recording"
     if profiled_ops.dispatch_mode_active():  # a recorder would log the timing runs as the model's
         return "a TorchDispatchMode is active"  # ops; under FakeTensorMode they time nothing real
-    if torch._C._are_functorch_transforms_active():  # the arguments are wrapped tensors
-        return "a torch.func transform is active"
+    if registry.plain_ops_only():  # the arguments are wrapped or dual tensors
+        return "a torch.func transform or forward-mode AD is active"
     if registry._device_type(args) == "cuda" and torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured"
     return None

@@ -1,10 +1,12 @@
-"""torch.func transforms (grad, vmap, jacrev) over the public kernels.
+"""torch.func transforms (grad, vmap, jacrev, jvp) and forward-mode AD over the public kernels.
 
 The cpu/triton providers are custom autograd.Functions (the norms' in C++) and library ops, which
 functorch cannot see through: `torch.func.grad(lambda x: kernels.layer_norm(...).sum())` raised
 "cannot use C++ torch::autograd::Function with functorch transforms". Under a transform the
 automatic choice now takes a provider made of plain PyTorch ops (the reference, or ATen's op),
-and an explicit provider= that cannot compose raises ValueError with that reason. Results are
+and an explicit provider= that cannot compose raises ValueError with that reason. Inside
+`torch.autograd.forward_ad.dual_level()` the same holds: our library ops dropped a dual tensor's
+tangent without a word. Results are
 compared with the eager kernels (our C++ provider) and autograd, which the other kernel tests
 compare with float64 references.
 """
@@ -129,3 +131,21 @@ def test_outside_a_transform_the_choice_is_unchanged() -> None:
     seen = []
     grad(lambda t: seen.append(kernels.provider_choice("layer_norm", t, W, B)) or t.sum())(x)
     assert seen[0].provider == "aten" and "torch.func" in seen[0].skipped["cpu"]
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_forward_mode_ad_keeps_the_tangent(name) -> None:
+    """Dual tensors: the tangent of every kernel's output equals torch.func.jvp's (reverse-mode
+    checked above), where it used to come back as None."""
+    import torch.autograd.forward_ad as fwAD
+
+    f = CALLS[name]
+    x, t = _x(7, H), _x(H, 7).t().contiguous()
+    with fwAD.dual_level():
+        y = f(fwAD.make_dual(x, t))
+        primal, tangent = fwAD.unpack_dual(y)
+    assert tangent is not None
+    want_y, want_t = torch.func.jvp(f, (x,), (t,))
+    torch.testing.assert_close(primal, want_y)
+    torch.testing.assert_close(tangent, want_t)
+    torch.testing.assert_close(primal, f(x))  # outside the level: our provider, the same values
