@@ -133,6 +133,7 @@ def test_outside_a_transform_the_choice_is_unchanged() -> None:
     assert seen[0].provider == "aten" and "torch.func" in seen[0].skipped["cpu"]
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's own jvp rules
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_forward_mode_ad_keeps_the_tangent(name) -> None:
     """Dual tensors: the tangent of every kernel's output equals torch.func.jvp's (reverse-mode
