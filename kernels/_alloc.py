@@ -208,9 +208,12 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     if device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    # Not under torch.compile tracing: Dynamo would run the op once and bake its real output into
-    # the graph as a constant; the traced torch.empty allocates per call, as eager code does.
-    if nbytes >= POOL_MIN_BYTES and pool_status() is None and not torch.compiler.is_compiling():
+    # Neither under torch.compile tracing: Dynamo would run the pool op once and bake its real
+    # output into the graph as a constant, and cannot trace the advice's storage calls (a
+    # fullgraph compile of a 4 MiB+ output failed); the traced torch.empty allocates per call.
+    if torch.compiler.is_compiling():
+        return torch.empty(shape, dtype=dtype, device=device)
+    if nbytes >= POOL_MIN_BYTES and pool_status() is None:
         return _pool_op(shape, dtype)
     out = torch.empty(shape, dtype=dtype, device=device)
     if nbytes >= HUGEPAGE_MIN_BYTES and hugepages_enabled_by_env():

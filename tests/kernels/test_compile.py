@@ -277,3 +277,38 @@ def test_dynamic_shapes_compile_once(cpu_provider, case: str) -> None:
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(got_grad, want_grad, rtol=1e-6, atol=1e-7)
     assert counter.frame_count == 1
+
+
+_LARGE = {  # each output is over 4 MiB (the pool's and the huge-page advice's threshold) at [1100, 1024]
+    "layer_norm": lambda x, w: kernels.layer_norm(x, w, w * 0.1, 1e-5, provider="cpu"),
+    "rms_norm": lambda x, w: kernels.rms_norm(x, w, 1e-6, provider="cpu"),
+    "add_rms_norm": lambda x, w: kernels.add_rms_norm(x, x * 0.5, w, 1e-6, provider="cpu")[1],
+    "gelu": lambda x, w: kernels.gelu(x, provider="cpu"),
+    "bias_gelu": lambda x, w: kernels.bias_gelu(x, w, provider="cpu"),
+    "swiglu": lambda x, w: kernels.swiglu(x, x * 0.5, provider="cpu"),
+    "softmax": lambda x, w: kernels.softmax(x, scale=0.5, mask=w, provider="cpu"),
+    "rope": lambda x, w: kernels.rope(x.view(1, 1, 1100, 1024), (x * 0.5).view(1, 1, 1100, 1024),
+                                      torch.ones(1100, 1024), torch.zeros(1100, 1024), provider="cpu")[0],
+    "cross_entropy": lambda x, w: kernels.cross_entropy(x, torch.arange(1100) % 1024, reduction="none",
+                                                        provider="cpu"),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["infer", "train"])
+@pytest.mark.parametrize("case", sorted(_LARGE))
+def test_large_outputs_compile_to_one_graph(cpu_provider, case: str, grad: bool) -> None:
+    """Outputs of 4 MiB and more: eager takes them from the pool or advises huge pages, which
+    Dynamo cannot trace (`UntypedStorage.nbytes`): fullgraph=True failed at such sizes. Compiled,
+    they are plain allocations; eager's numbers either way."""
+    g = torch.Generator().manual_seed(8)
+    x0, w = torch.randn(1100, 1024, generator=g), torch.rand(1024, generator=g) + 0.5
+    fn = _LARGE[case]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: fn(t, w), fullgraph=True, backend="aot_eager")
+    x = x0.clone().requires_grad_(grad)
+    got = compiled(x)
+    want = fn(x0.clone().requires_grad_(grad), w)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if grad:
+        got.sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
