@@ -31,10 +31,12 @@ _REAL_CPU: dict[str, str | None] = {}
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
+def isolated(tmp_path, monkeypatch, request):
     """Measure mode, a private data dir, the cpu provider 'available' (synthetic, nothing built)."""
-    # Probe (and build) the real cpu provider in the normal data dir first, and remember it.
-    _REAL_CPU["reason"] = registry.provider_unavailable_reason("cpu")
+    # Probe (and build) the real cpu provider in the normal data dir first, and remember it; not
+    # for the GPU check's cuda tests, which must not wait for the C++ build.
+    if "cuda" not in request.node.name:
+        _REAL_CPU["reason"] = registry.provider_unavailable_reason("cpu")
     monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
     monkeypatch.setenv(tuning.ENV_MODE, "measure")
     monkeypatch.setitem(registry._PROBE_RESULTS, "cpu", None)
