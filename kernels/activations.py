@@ -113,7 +113,7 @@ class _GluFn(torch.autograd.Function):
     """y = act(a) * b; backward: grad_a = g * b * act'(a), grad_b = g * act(a), in one pass."""
 
     @staticmethod
-    def forward(ctx, ops, a, b, kind):  # a, b contiguous (`_glu`)
+    def forward(ctx, ops, a, b, kind):  # a, b contiguous or row-strided [rows, n] (`_glu`)
         ctx.save_for_backward(a, b)
         out = new_output(a.shape, a)
         ops.glu_fwd(a, b, out, kind)
@@ -142,14 +142,32 @@ def _act(provider: str, x: torch.Tensor, bias: torch.Tensor | None, kind: int) -
     return out
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as [rows, n] the way the C++ glu kernels read it in place: a view with a unit last stride
+    and its own row stride (`h.chunk(2, -1)` of a fused gate/up projection), else a copy."""
+    n = t.shape[-1]
+    if t.stride(-1) == 1 or n == 1:
+        try:
+            v = t.view(-1, n)
+        except RuntimeError:  # the leading dims do not collapse into one row stride
+            v = None
+        if v is not None and (v.is_contiguous() or (v.stride(1) == 1 and v.stride(0) >= n)):
+            return v
+    return t.contiguous().view(-1, n)
+
+
 def _glu(provider: str, a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
     ops = _ops(provider)
-    a, b = a.contiguous(), b.contiguous()  # recorded by autograd when it records: the saved inputs
-    if _needs_grad(a, b):                  # stay connected to the caller's for a double backward
-        return _GluFn.apply(ops, a, b, kind)
+    shape = a.shape
+    # Views and copies are recorded by autograd when it records: the saved inputs stay connected
+    # to the caller's for a double backward. The C++ kernels read row-strided halves in place.
+    if not (a.is_contiguous() and b.is_contiguous()):
+        a, b = (_rows(a), _rows(b)) if provider == "cpu" else (a.contiguous(), b.contiguous())
+    if _needs_grad(a, b):
+        return _GluFn.apply(ops, a, b, kind).view(shape)
     out = new_output(a.shape, a)
     ops.glu_fwd(a, b, out, kind)
-    return out
+    return out.view(shape)
 
 
 def _providers(kind_of, runner) -> dict[str, Any]:

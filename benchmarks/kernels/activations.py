@@ -8,7 +8,10 @@ input), the variants are:
 - aten: the ATen fused op where one exists (`F.gelu`, `F.silu(a) * b`), with the bias added
   eagerly in front for bias_gelu (ATen has no fused bias + GELU on CPU);
 - ours: provider="cpu"; and torch.compile of the naive composition (added by the driver);
-- for GELU forward also aten_out / ours_out: the two kernels writing a preallocated output.
+- for GELU forward also aten_out / ours_out: the two kernels writing a preallocated output;
+- swiglu_halves: SwiGLU on the two halves of one [tokens, 2 x 3072] projection (`h.chunk(2, -1)`,
+  a fused gate/up Linear), which ours reads in place; ours_copied makes both halves contiguous
+  first, as the kernels did before 2026-12-01.
 FL_BENCH_QUICK=1 uses 1024 x 768 only; FL_BENCH_ACTIVATIONS=bias_gelu,geglu and FL_BENCH_SHAPES=4096x3072
 pick kernels / shapes.
 """
@@ -130,6 +133,30 @@ def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, bac
     }
 
 
+def _halves_case(m: int, n: int, dtype: torch.dtype, backward: bool) -> dict:
+    """swiglu(*h.chunk(2, -1)) for one [m, 2n] h; grads are taken with respect to h."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(m, 2 * n, generator=g).to(dtype).requires_grad_(backward)
+    dy = _tensors(m, n, dtype)["dy"]
+
+    def variant(fn):
+        def run(h):
+            a, b = h.chunk(2, -1)
+            return fn(a, b)
+        return _step(run, [h], backward, dy)
+    naive, aten, ours = _fns("swiglu", "none")
+    copied = lambda a, b: kernels.swiglu(a.contiguous(), b.contiguous(), provider="cpu")  # noqa: E731
+    e = m * n * h.element_size()
+    return {
+        "kernel": "swiglu_halves", "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
+        "dtype": str(dtype).replace("torch.", ""),
+        "variants": {"naive": variant(naive), "aten": variant(aten), "ours_copied": variant(copied),
+                     "ours": variant(ours)},
+        "compile": lambda: variant(torch.compile(naive)), "baseline": "naive",
+        "bytes": float(3 * e + (5 * e if backward else 0)), "notes": "a, b = h.chunk(2, -1) of one [m, 2n] h",
+    }
+
+
 def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
@@ -143,7 +170,10 @@ def cases(threads: int) -> list[dict]:
     if wanted:
         plan = [p for p in plan if p[0] in wanted.split(",")]
     plan = [p for p in plan if shape_wanted(p[2], p[3])]
-    return [_case(k, a, m, n, dt, bwd) for (k, a, m, n) in plan for dt in dtypes for bwd in (False, True)]
+    out = [_case(k, a, m, n, dt, bwd) for (k, a, m, n) in plan for dt in dtypes for bwd in (False, True)]
+    if not quick and (not wanted or "swiglu_halves" in wanted.split(",")) and shape_wanted(4096, 3072):
+        out += [_halves_case(4096, 3072, dt, bwd) for dt in dtypes for bwd in (False, True)]
+    return out
 
 
 def gpu_cases(device: str = "cuda") -> list[dict]:

@@ -174,16 +174,39 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
 }
 
 // ---- act(a) * b ------------------------------------------------------------------------------
+// a and b are contiguous, or [rows, n] with a unit last stride and a row stride of their own (the
+// gate and up halves of a fused projection, `h.chunk(2, -1)`), read in place: no copies.
+// Outputs and grad are contiguous. `glu_rows`: rows, row length, a's and b's row strides.
+struct GluRows {
+  int64_t rows, n, sa, sb;
+};
+
+GluRows glu_rows(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t n = a.dim() ? a.size(-1) : 1;
+  if (a.is_contiguous() && b.is_contiguous()) return {n ? a.numel() / n : 0, n, n, n};
+  return {a.size(0), n, a.stride(0), b.stride(0)};  // 2-D (check_rows)
+}
+
 template <typename T, int64_t K>
 void glu_fwd_impl(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const T* ap = a.data_ptr<T>();
   const T* bp = b.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const fl_act::Spans sp = fl_act::spans_for<K>();
-  at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
-    map_chunks<T, 2, 1>({ap + s0, bp + s0}, {op + s0}, e0 - s0, [&](auto& in, auto& o, int64_t len, int64_t) {
-      sp.glu(in[0], in[1], o[0], len);
+  const GluRows g = glu_rows(a, b);
+  if (g.sa == g.n && g.sb == g.n) {  // one flat run
+    at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
+      map_chunks<T, 2, 1>({ap + s0, bp + s0}, {op + s0}, e0 - s0, [&](auto& in, auto& o, int64_t len, int64_t) {
+        sp.glu(in[0], in[1], o[0], len);
+      });
     });
+    return;
+  }
+  at::parallel_for(0, g.rows, std::max<int64_t>(1, 16 * kChunk / g.n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      map_chunks<T, 2, 1>({ap + r * g.sa, bp + r * g.sb}, {op + r * g.n}, g.n,
+                          [&](auto& in, auto& o, int64_t len, int64_t) { sp.glu(in[0], in[1], o[0], len); });
+    }
   });
 }
 
@@ -197,11 +220,24 @@ void glu_bwd_impl(const at::Tensor& grad, const at::Tensor& a, const at::Tensor&
   T* gap = grad_a.data_ptr<T>();
   T* gbp = grad_b.data_ptr<T>();
   const fl_act::Spans sp = fl_act::spans_for<K>();
-  at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
-    map_chunks<T, 3, 2>({gp + s0, ap + s0, bp + s0}, {gap + s0, gbp + s0}, e0 - s0,
-                        [&](auto& in, auto& o, int64_t len, int64_t) {
-      sp.glu_grad(in[0], in[1], in[2], o[0], o[1], len);
+  const GluRows g = glu_rows(a, b);
+  if (g.sa == g.n && g.sb == g.n) {
+    at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
+      map_chunks<T, 3, 2>({gp + s0, ap + s0, bp + s0}, {gap + s0, gbp + s0}, e0 - s0,
+                          [&](auto& in, auto& o, int64_t len, int64_t) {
+        sp.glu_grad(in[0], in[1], in[2], o[0], o[1], len);
+      });
     });
+    return;
+  }
+  at::parallel_for(0, g.rows, std::max<int64_t>(1, 16 * kChunk / g.n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t o = r * g.n;
+      map_chunks<T, 3, 2>({gp + o, ap + r * g.sa, bp + r * g.sb}, {gap + o, gbp + o}, g.n,
+                          [&](auto& in, auto& out, int64_t len, int64_t) {
+        sp.glu_grad(in[0], in[1], in[2], out[0], out[1], len);
+      });
+    }
   });
 }
 
@@ -255,9 +291,17 @@ void act_bwd(const at::Tensor& grad, const at::Tensor& x, const c10::optional<at
   });
 }
 
+// An input of glu: contiguous, or [rows, n] with a unit last stride and non-overlapping rows.
+void check_rows(const at::Tensor& t, const at::Tensor& like, const char* what) {
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), what, ": dtype mismatch");
+  TORCH_CHECK(t.sizes() == like.sizes(), what, ": shape mismatch");
+  TORCH_CHECK(t.is_contiguous() || (t.dim() == 2 && t.stride(1) == 1 && t.stride(0) >= t.size(1)), what,
+              ": expected a contiguous tensor or [rows, n] rows with a unit last stride");
+}
+
 void glu_fwd(const at::Tensor& a, const at::Tensor& b, at::Tensor out, int64_t kind) {
-  TORCH_CHECK(a.is_contiguous(), "glu_fwd: a must be contiguous");
-  check_same(a, b, "glu_fwd b");
+  check_rows(a, a, "glu_fwd a");
+  check_rows(b, a, "glu_fwd b");
   check_same(a, out, "glu_fwd out");
   if (a.numel() == 0) return;
   FL_DISPATCH_DTYPE(a.scalar_type(), "glu_fwd", [&] {
@@ -267,9 +311,9 @@ void glu_fwd(const at::Tensor& a, const at::Tensor& b, at::Tensor out, int64_t k
 
 void glu_bwd(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, at::Tensor grad_a,
              at::Tensor grad_b, int64_t kind) {
-  TORCH_CHECK(a.is_contiguous(), "glu_bwd: a must be contiguous");
+  check_rows(a, a, "glu_bwd a");
+  check_rows(b, a, "glu_bwd b");
   check_same(a, grad, "glu_bwd grad");
-  check_same(a, b, "glu_bwd b");
   check_same(a, grad_a, "glu_bwd grad_a");
   check_same(a, grad_b, "glu_bwd grad_b");
   if (a.numel() == 0) return;

@@ -56,6 +56,55 @@ def test_non_contiguous(case: str, layout: str) -> None:
     check(case, "cpu", inputs(case, (9, 130), torch.float32, layout), torch.float32)
 
 
+def _halves(shape, dtype, seed: int = 4, transpose_batch: bool = False) -> list[torch.Tensor]:
+    """a, b as the gate and up halves of one [..., 2n] projection (`h.chunk(2, -1)`): views with
+    a unit last stride and a row stride of 2n."""
+    h = make(tuple(shape[:-1]) + (2 * shape[-1],), dtype, seed=seed, scale=2.0)
+    if transpose_batch:  # leading dims that do not collapse into one row stride
+        h = h.transpose(0, 1)
+    return list(h.chunk(2, -1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (3, 5), (17, 4099), (2, 3, 33), (64, 1024)], ids=str)
+@pytest.mark.parametrize("case", ["swiglu", "geglu", "geglu_tanh"])
+def test_gated_halves_of_one_projection(case: str, shape, dtype) -> None:
+    """The C++ kernels read row-strided halves in place (fwd and bwd), against float64."""
+    a, b = _halves(shape, dtype)
+    check(case, "cpu", [a, b], dtype)
+
+
+@pytest.mark.parametrize("case", ["swiglu", "geglu"])
+def test_halves_whose_rows_do_not_collapse_are_copied(case: str) -> None:
+    a, b = _halves((4, 6, 40), torch.float32, transpose_batch=True)
+    with pytest.raises(RuntimeError):
+        a.view(-1, 40)
+    check(case, "cpu", [a, b], torch.float32)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["infer", "train"])
+def test_gated_halves_are_not_copied(grad: bool) -> None:
+    """No aten copy in the forward: before, both halves were made contiguous (two extra passes)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    h = make((64, 2 * 256), torch.float32).requires_grad_(grad)
+    a, b = h.chunk(2, -1)
+    with Seen() as seen:
+        y = kernels.swiglu(a, b, provider="cpu")
+    assert "fusionlens.glu_fwd.default" in seen.ops
+    assert not [op for op in seen.ops if "copy" in op or "clone" in op], seen.ops
+    torch.testing.assert_close(y, F.silu(a) * b)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_nan_inf_propagate_like_reference(case: str) -> None:
     args = inputs(case, (4, 37), torch.float32)
