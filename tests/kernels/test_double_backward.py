@@ -210,3 +210,15 @@ def test_norms_refuse_create_graph_cuda_triton(name) -> None:
     x = torch.randn(8, 96, generator=_gen(3)).cuda().requires_grad_()
     with pytest.raises(RuntimeError, match=f"{name}: a backward with create_graph=True"):
         torch.autograd.grad((NORMS[name](x, w, "triton") ** 3).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("case", ["swiglu", "geglu"])
+def test_hessian_vector_product_of_gated_halves(case) -> None:
+    """The C++ kernels read h.chunk(2, -1) in place; the double backward still reaches h."""
+    fn = {"swiglu": kernels.swiglu, "geglu": kernels.geglu}[case]
+    ref = kernels.KERNELS[case].reference
+    h = torch.randn(2, 7, 2 * 10, generator=_gen(9))
+    g, hv = _hvp(lambda t: fn(*t.chunk(2, -1), provider="cpu"), h)
+    g64, hv64 = _hvp(lambda t: ref(*t.chunk(2, -1)), h.double())
+    torch.testing.assert_close(g, g64.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hv, hv64.float(), rtol=1e-4, atol=1e-4)
