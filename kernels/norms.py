@@ -309,10 +309,19 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, provider: str | 
     return dispatch("layer_norm", x, weight, bias, eps, provider=provider)
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, offset: float = 0.0, *, casting: str | None = None,
+def _eps(x: torch.Tensor, eps: float | None) -> float:
+    """eps=None is torch.nn.RMSNorm's (and F.rms_norm's) default: fp32's machine epsilon for
+    fp16/bf16/fp32 inputs (the precision the norm is computed in), fp64's for fp64."""
+    if eps is not None:
+        return eps
+    return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+
+
+def rms_norm(x, weight=None, eps: float | None = 1e-6, offset: float = 0.0, *, casting: str | None = None,
              provider: str | None = None):
-    """RMSNorm over the last dim; offset=1.0 for Gemma's (1 + w). casting: "llama" | "gemma"."""
-    return dispatch("rms_norm", x, weight, eps, offset, casting, provider=provider)
+    """RMSNorm over the last dim; offset=1.0 for Gemma's (1 + w). casting: "llama" | "gemma".
+    eps=None: as torch.nn.RMSNorm (fp32's machine epsilon; fp64's for fp64 x)."""
+    return dispatch("rms_norm", x, weight, _eps(x, eps), offset, casting, provider=provider)
 
 
 def add_layer_norm(x, residual, weight=None, bias=None, eps: float = 1e-5, *,
@@ -321,13 +330,22 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps: float = 1e-5, *,
     return dispatch("add_layer_norm", x, residual, weight, bias, eps, provider=provider)
 
 
-def add_rms_norm(x, residual, weight=None, eps: float = 1e-6, offset: float = 0.0, *,
+def add_rms_norm(x, residual, weight=None, eps: float | None = 1e-6, offset: float = 0.0, *,
                  casting: str | None = None, provider: str | None = None):
     """(x + residual, rms_norm(x + residual)) in one pass."""
-    return dispatch("add_rms_norm", x, residual, weight, eps, offset, casting, provider=provider)
+    return dispatch("add_rms_norm", x, residual, weight, _eps(x, eps), offset, casting, provider=provider)
 
 
 # ---------------------------------------------------------------- modules
+def _last_dim_only(kind: str, normalized_shape: int | tuple[int, ...] | list[int]) -> tuple[int]:
+    """(n,) from an int or a one-element shape; torch's modules also take several trailing dims,
+    which these kernels do not normalize over together."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(f"{kind} normalizes the last dim only, got normalized_shape {shape}")
+    return shape
+
+
 class LayerNorm(nn.Module):
     """Drop-in for nn.LayerNorm over the last dim (same parameter names: weight, bias)."""
 
@@ -335,9 +353,7 @@ class LayerNorm(nn.Module):
                  elementwise_affine: bool = True, bias: bool = True, provider: str | None = None,
                  device=None, dtype=None) -> None:
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        if len(shape) != 1:
-            raise ValueError(f"LayerNorm normalizes the last dim only, got normalized_shape {shape}")
+        shape = _last_dim_only("LayerNorm", normalized_shape)
         self.normalized_shape, self.eps, self.provider = shape, eps, provider
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.ones(shape, **kw)) if elementwise_affine else None
@@ -352,12 +368,14 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """Drop-in for HF LlamaRMSNorm (offset=0) and GemmaRMSNorm (offset=1.0, weight init 0), and
-    for torch.nn.RMSNorm's keywords (`elementwise_affine=False`: no weight)."""
+    for torch.nn.RMSNorm's arguments (a one-dim `normalized_shape`, `eps=None` for its default
+    epsilon, `elementwise_affine=False` for no weight)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0,
+    def __init__(self, hidden_size: int | tuple[int], eps: float | None = 1e-6, offset: float = 0.0,
                  casting: str | None = None, provider: str | None = None, device=None, dtype=None,
                  *, elementwise_affine: bool = True) -> None:
         super().__init__()
+        (hidden_size,) = _last_dim_only("RMSNorm", hidden_size)
         init = torch.zeros if offset else torch.ones
         self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype)) if elementwise_affine else None
         self.hidden_size = hidden_size

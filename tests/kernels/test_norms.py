@@ -10,7 +10,7 @@ import kernels
 from kernels import norms
 from kernels.registry import KERNELS, select_provider
 from tests.kernels.norm_cases import CASES
-from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches, fwd_bwd, make,
+from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches, eps, fwd_bwd, make,
                                     to_f64, with_nonfinite)
 
 
@@ -131,6 +131,21 @@ def test_rms_module_is_a_drop_in_for_nn_rms_norm(affine: bool) -> None:
     g_got, = torch.autograd.grad(got.square().sum(), x)
     g_want, = torch.autograd.grad(want.square().sum(), x)
     torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_rms_module_takes_nn_rms_norms_defaults(dtype) -> None:
+    """nn.RMSNorm(n) has eps=None (fp32's epsilon for 16- and 32-bit inputs) and takes a
+    normalized_shape; eps=None used to reach the op and raise, and RMSNorm((4, 48)) built a
+    [4, 48] weight that broadcast instead of normalizing over both dims as torch does."""
+    ref = torch.nn.RMSNorm([48], dtype=dtype)
+    ours = norms.RMSNorm([48], eps=ref.eps, provider="cpu", dtype=dtype)
+    x = (make((5, 48), torch.float32, 6) * 1e-3).to(dtype)  # small: eps matters
+    truth = F.rms_norm(x.double(), (48,), None, torch.finfo(torch.float32).eps)
+    torch.testing.assert_close(ours(x).double(), truth, rtol=eps(dtype) * 4, atol=eps(dtype) * 4)
+    assert ours.eps is None and norms.rms_norm(x, None, None, provider="cpu").shape == x.shape
+    with pytest.raises(ValueError, match="last dim"):
+        norms.RMSNorm((4, 48))
 
 
 def test_add_modules_return_sum_and_normed() -> None:
