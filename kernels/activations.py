@@ -329,6 +329,9 @@ class GELU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu(x, self.approximate, provider=self.provider)
 
+    def extra_repr(self) -> str:  # as nn.GELU's, plus the provider
+        return f"approximate={self.approximate!r}, provider={self.provider}"
+
 
 class BiasGELU(nn.Module):
     """gelu(x + bias) with a learned bias of size `features` (pair with a bias-free Linear)."""
@@ -341,6 +344,9 @@ class BiasGELU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return bias_gelu(x, self.bias, self.approximate, provider=self.provider)
+
+    def extra_repr(self) -> str:
+        return f"features={self.bias.shape[0]}, approximate={self.approximate!r}, provider={self.provider}"
 
 
 class SwiGLU(nn.Module):
@@ -366,3 +372,6 @@ class GeGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = x.chunk(2, dim=-1)  # [..., 2h] -> two [..., h] views
         return geglu(a, b, self.approximate, provider=self.provider)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}, provider={self.provider}"

@@ -199,6 +199,8 @@ def test_modules() -> None:
     a, b = x.chunk(2, dim=-1)
     torch.testing.assert_close(act.SwiGLU()(x), F.silu(a) * b)
     torch.testing.assert_close(act.GeGLU()(x), F.gelu(a) * b)
+    assert repr(act.GELU("tanh")) == "GELU(approximate='tanh', provider=None)"  # as nn.GELU's says it
+    assert "approximate='tanh'" in repr(act.GeGLU("tanh")) and "features=10" in repr(act.BiasGELU(10))
 
 
 def run_interpreted() -> int:
