@@ -218,7 +218,10 @@ def _saved_tensor_hooks_aside():
     the decision) broke that count. save_on_cpu would copy the timing runs' tensors to the host.
     """
     hooks = []
-    while (top := torch._C._autograd._top_saved_tensors_default_hooks(True)) is not None:
+    for _ in range(256):  # a stack this deep is not real; the bound keeps a surprise from spinning
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if top is None:
+            break
         hooks.append(top)
         torch._C._autograd._pop_saved_tensors_default_hooks()
     try:
