@@ -143,7 +143,7 @@ def _act(provider: str, x: torch.Tensor, bias: torch.Tensor | None, kind: int) -
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t as [rows, n] the way the C++ glu kernels read it in place: a view with a unit last stride
+    """t as [rows, n] the way the glu kernels read it in place: a view with a unit last stride
     and its own row stride (`h.chunk(2, -1)` of a fused gate/up projection), else a copy."""
     n = t.shape[-1]
     if t.stride(-1) == 1 or n == 1:
@@ -160,9 +160,9 @@ def _glu(provider: str, a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Te
     ops = _ops(provider)
     shape = a.shape
     # Views and copies are recorded by autograd when it records: the saved inputs stay connected
-    # to the caller's for a double backward. The C++ kernels read row-strided halves in place.
+    # to the caller's for a double backward. Both providers read row-strided halves in place.
     if not (a.is_contiguous() and b.is_contiguous()):
-        a, b = (_rows(a), _rows(b)) if provider == "cpu" else (a.contiguous(), b.contiguous())
+        a, b = _rows(a), _rows(b)
     if _needs_grad(a, b):
         return _GluFn.apply(ops, a, b, kind).view(shape)
     out = new_output(a.shape, a)

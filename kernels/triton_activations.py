@@ -8,7 +8,9 @@ act(x [+ bias]) runs on [M, N] tiles (N = the bias dim): each program handles BL
 the tiles numbered along ONE grid axis (CUDA caps axes 1 and 2 at 65535 programs, which a 2-D grid
 of column tiles would pass once N > 16.7M, e.g. a large 1-D input without bias), and in backward writes one fp32 partial of the bias gradient per row tile ([cdiv(M, BLOCK_M), N],
 summed afterwards), so the bias gradient costs no second pass over grad_x. The gated units are
-flat elementwise. Memory traffic per element: act fwd 2 (+bias), bwd 3; glu fwd 3, bwd 5.
+flat elementwise over contiguous a and b, and run on the same [M, N] tiles when a or b is the
+row-strided half of one fused projection (`h.chunk(2, -1)`: [M, N] with its own row stride),
+read in place. Memory traffic per element: act fwd 2 (+bias), bwd 3; glu fwd 3, bwd 5.
 
 Interpreter-safe (TRITON_INTERPRET=1): no methods on scalar arguments, tanh built from exp
 (tl.math has no tanh in every Triton version).
@@ -121,6 +123,35 @@ def _glu_bwd_kernel(G, A, B, GA, GB, numel, KIND: tl.constexpr, BLOCK_SIZE: tl.c
     tl.store(GB + offs, (g * y).to(GB.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _glu_rows_fwd_kernel(A, B, Y, M, N, SA, SB, KIND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The row-strided form: a and b are [M, N] with row strides SA and SB; y is contiguous."""
+    _, rows, cols = _tile(N, BM, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    a = tl.load(A + rows[:, None] * SA + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + rows[:, None] * SB + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + rows[:, None] * N + cols[None, :], (_act(a, KIND) * b).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_rows_bwd_kernel(G, A, B, GA, GB, M, N, SA, SB, KIND: tl.constexpr, BM: tl.constexpr,
+                         BN: tl.constexpr):
+    _, rows, cols = _tile(N, BM, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * N + cols[None, :]  # g, grad_a, grad_b: contiguous
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + rows[:, None] * SA + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + rows[:, None] * SB + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y, dy = _act_grad(a, KIND)
+    tl.store(GA + offs, (g * b * dy).to(GA.dtype.element_ty), mask=mask)
+    tl.store(GB + offs, (g * y).to(GB.dtype.element_ty), mask=mask)
+
+
+def _row_strided(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a or b is a [M, N] view with a unit last stride and its own row stride (not contiguous)."""
+    return not (a.is_contiguous() and b.is_contiguous())
+
+
 def _mn(x: torch.Tensor) -> tuple[int, int]:
     n = x.shape[-1] if x.dim() else 1
     return (x.numel() // n if n else 0), n
@@ -154,14 +185,27 @@ def act_bwd(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, grad
 
 
 def glu_fwd(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kind: int) -> None:
-    """out = act(a) * b, all contiguous and of one shape and dtype."""
-    if a.numel():
-        _glu_fwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](a, b, out, a.numel(), KIND=kind, BLOCK_SIZE=BLOCK)
+    """out = act(a) * b, of one shape and dtype; out contiguous, a and b contiguous or [M, N] rows
+    with a unit last stride (the C++ op's contract)."""
+    if not a.numel():
+        return
+    if _row_strided(a, b):
+        m, n = a.shape
+        _glu_rows_fwd_kernel[_grid(m, n)](a, b, out, m, n, a.stride(0), b.stride(0), KIND=kind,
+                                          BM=BLOCK_M, BN=BLOCK_N)
+        return
+    _glu_fwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](a, b, out, a.numel(), KIND=kind, BLOCK_SIZE=BLOCK)
 
 
 def glu_bwd(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, grad_a: torch.Tensor,
             grad_b: torch.Tensor, kind: int) -> None:
-    """grad_a = grad * b * act'(a), grad_b = grad * act(a)."""
-    if a.numel():
-        _glu_bwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](grad, a, b, grad_a, grad_b, a.numel(),
-                                                           KIND=kind, BLOCK_SIZE=BLOCK)
+    """grad_a = grad * b * act'(a), grad_b = grad * act(a); a and b as in `glu_fwd`."""
+    if not a.numel():
+        return
+    if _row_strided(a, b):
+        m, n = a.shape
+        _glu_rows_bwd_kernel[_grid(m, n)](grad, a, b, grad_a, grad_b, m, n, a.stride(0), b.stride(0),
+                                          KIND=kind, BM=BLOCK_M, BN=BLOCK_N)
+        return
+    _glu_bwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](grad, a, b, grad_a, grad_b, a.numel(),
+                                                       KIND=kind, BLOCK_SIZE=BLOCK)

@@ -217,6 +217,11 @@ def run_interpreted() -> int:
         check(case, "triton", args, torch.float32)
         check(case, "triton", inputs(case, (0, 4), torch.float32), torch.float32)
         count += 3
+        if CASES[case][3]:  # gated: the row-strided halves of one projection, read in place
+            for dtype in DTYPES:
+                check(case, "triton", _halves((9, 33), dtype), dtype)
+            check(case, "triton", _halves((2, 3, 17), torch.float32, transpose_batch=True), torch.float32)
+            count += len(DTYPES) + 1
     return count
 
 

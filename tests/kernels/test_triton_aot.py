@@ -28,6 +28,8 @@ SIZE_ARG = {
     "triton_norms._rms_bwd": "N",
     "triton_activations._act_fwd_kernel": "N", "triton_activations._act_bwd_kernel": "N",
     "triton_activations._glu_fwd_kernel": "numel", "triton_activations._glu_bwd_kernel": "numel",
+    # the row-strided halves: the drivers' halves have row strides 2N, aligned whenever N is
+    "triton_activations._glu_rows_fwd_kernel": "N", "triton_activations._glu_rows_bwd_kernel": "N",
     "triton_softmax._fwd_kernel": "N", "triton_softmax._bwd_kernel": "N", "triton_rope._rope_kernel": "HALF",
     "triton_cross_entropy._ce_forward_kernel": "V", "triton_cross_entropy._ce_backward_kernel": "V",
     "triton_cross_entropy._ce_fused_kernel": "V",

@@ -265,6 +265,9 @@ def drive_activations(full: bool) -> None:
                 _fwd_bwd(lambda: kernels.bias_gelu(x, b, approximate=approx, provider="triton"), [x, b])
                 _fwd_bwd(lambda: kernels.geglu(a, x, approximate=approx, provider="triton"), [a, x])
             _fwd_bwd(lambda: kernels.swiglu(a, x, provider="triton"), [a, x])
+            h = _t((m, 2 * n), dtype)  # the row-strided halves of one projection
+            _fwd_bwd(lambda: kernels.swiglu(*h.chunk(2, -1), provider="triton"), [h])
+            _fwd_bwd(lambda: kernels.geglu(*h.chunk(2, -1), approximate="tanh", provider="triton"), [h])
 
 
 def drive_softmax(full: bool) -> None:
