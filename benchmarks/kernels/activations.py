@@ -133,19 +133,20 @@ def _case(kernel: str, approximate: str, m: int, n: int, dtype: torch.dtype, bac
     }
 
 
-def _halves_case(m: int, n: int, dtype: torch.dtype, backward: bool) -> dict:
+def _halves_case(m: int, n: int, dtype: torch.dtype, backward: bool, device: str = "cpu",
+                 provider: str = "cpu") -> dict:
     """swiglu(*h.chunk(2, -1)) for one [m, 2n] h; grads are taken with respect to h."""
     g = torch.Generator().manual_seed(1)
-    h = torch.randn(m, 2 * n, generator=g).to(dtype).requires_grad_(backward)
-    dy = _tensors(m, n, dtype)["dy"]
+    h = torch.randn(m, 2 * n, generator=g).to(device=device, dtype=dtype).requires_grad_(backward)
+    dy = _tensors(m, n, dtype, device)["dy"]
 
     def variant(fn):
         def run(h):
             a, b = h.chunk(2, -1)
             return fn(a, b)
         return _step(run, [h], backward, dy)
-    naive, aten, ours = _fns("swiglu", "none")
-    copied = lambda a, b: kernels.swiglu(a.contiguous(), b.contiguous(), provider="cpu")  # noqa: E731
+    naive, aten, ours = _fns("swiglu", "none", provider)
+    copied = lambda a, b: kernels.swiglu(a.contiguous(), b.contiguous(), provider=provider)  # noqa: E731
     e = m * n * h.element_size()
     return {
         "kernel": "swiglu_halves", "pass": "fwd+bwd" if backward else "fwd", "shape": f"{m}x{n}",
@@ -179,7 +180,8 @@ def cases(threads: int) -> list[dict]:
 def gpu_cases(device: str = "cuda") -> list[dict]:
     """Large CUDA cases for benchmarks/gpu/kernels_check.py (Triton provider; Liger if present)."""
     plan = [("bias_gelu", "none"), ("swiglu", "none"), ("geglu", "tanh")]
-    return [_case(k, a, 16384, 4096, torch.bfloat16, bwd, device, "triton") for (k, a) in plan for bwd in (False, True)]
+    return ([_case(k, a, 16384, 4096, torch.bfloat16, bwd, device, "triton") for (k, a) in plan for bwd in (False, True)]
+            + [_halves_case(16384, 4096, torch.bfloat16, bwd, device, "triton") for bwd in (False, True)])
 
 
 def gpu_checks(device: str = "cuda", m: int = 8192, n: int = 4096) -> list[tuple[str, object]]:
