@@ -230,7 +230,8 @@ def run_interpreted() -> int:
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter(
         "from tests.kernels.test_activations import run_interpreted\nprint(run_interpreted())")
-    assert int(out.strip().splitlines()[-1]) == len(CASES) * (len(DTYPES) * len(TINY) + 3)
+    gated = sum(1 for case in CASES.values() if case[3])
+    assert int(out.strip().splitlines()[-1]) == len(CASES) * (len(DTYPES) * len(TINY) + 3) + gated * (len(DTYPES) + 1)
 
 
 def test_explicit_triton_without_gpu_or_interpreter_raises_with_reason(monkeypatch) -> None:
