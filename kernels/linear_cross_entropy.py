@@ -89,7 +89,8 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider):
+    def forward(ctx, x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider,
+                loss_dtype):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # [N, H]
         t2 = target.reshape(-1).to(torch.long).contiguous()  # [N]
@@ -99,7 +100,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                                             bias is not None and needs[2])
         ctx.save_for_backward(dx, dw, db, factor)
         ctx.meta = (shape, weight.dtype, None if bias is None else bias.dtype)
-        return cast_output(loss, x.dtype)
+        return cast_output(loss, loss_dtype or x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -121,7 +122,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
         gx = scaled(dx, dx.dtype if dx is not None else None)
         return (None if gx is None else gx.view(shape), scaled(dw, w_dtype), scaled(db, b_dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def _validate(x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size):
@@ -158,8 +159,19 @@ def _provider(provider: str):
             reduction="mean", chunk_size=None):
         n = int(math.prod(x.shape[:-1]))
         c = int(chunk_size) if chunk_size else default_chunk_size(n, weight.shape[1], weight.shape[0])
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            # As eager under autocast: F.linear runs in the autocast dtype, F.cross_entropy in fp32.
+            # The casts are autograd's (grads come back in the leaves' dtypes); inside, autocast is
+            # off, or it would recast the chunk matmuls' `out=` buffers.
+            dt = torch.get_autocast_dtype(device)
+            x, weight = x.to(dt), weight.to(dt)
+            bias = bias.to(dt) if bias is not None else None
+            with torch.autocast(device, enabled=False):
+                return _FusedLinearCrossEntropy.apply(x, weight, bias, target, ignore_index, float(label_smoothing),
+                                                      reduction, c, provider, torch.float32)
         return _FusedLinearCrossEntropy.apply(x, weight, bias, target, ignore_index,
-                                              float(label_smoothing), reduction, c, provider)
+                                              float(label_smoothing), reduction, c, provider, None)
 
     run.__name__ = f"fused_linear_cross_entropy_{provider}"
     return run

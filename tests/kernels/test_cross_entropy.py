@@ -177,6 +177,39 @@ def test_fused_linear_cross_entropy_nan_inf_propagate_like_reference(provider) -
     assert ours[0].isnan()  # a NaN token makes the summed loss NaN, as eager does
 
 
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("provider", ["cpu", "aten"])
+def test_fused_linear_cross_entropy_under_autocast(provider, with_bias) -> None:
+    """CPU autocast with fp32 x and weights (mixed-precision training): the chunk matmuls were
+    autocast to bf16 while writing fp32 `out=` buffers and raised. Now the projection runs in bf16
+    as eager's F.linear does, the loss comes back in fp32 as F.cross_entropy's, the grads in the
+    leaves' dtype; each within 2x eager autocast's own error against float64 (plus bf16's eps)."""
+    x, w = make((3, 21, 64), seed=15), make((2003, 64), seed=16, scale=0.2)
+    b = make((2003,), seed=17) if with_bias else None
+    t = targets(63, 2003, ignore_rows=(2, 40)).view(3, 21)
+
+    def run(fn, dtype_cast=None):
+        leaves = [v.detach().clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                  else v for v in (x, w, b)]
+        if dtype_cast is not None:
+            leaves = [v.detach().to(dtype_cast).requires_grad_() if v is not None else None for v in leaves]
+            loss = fn(*leaves)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = fn(*leaves)
+        loss.backward()
+        return [loss.detach()] + [v.grad for v in leaves if v is not None]
+
+    ours = run(lambda x_, w_, b_: fused_linear_cross_entropy(x_, w_, t, b_, chunk_size=16, provider=provider))
+    eager = run(lambda x_, w_, b_: FLCE_SPEC.reference(x_, w_, t, b_))
+    truth = run(lambda x_, w_, b_: FLCE_SPEC.reference(x_, w_, t, b_), torch.float64)
+    assert ours[0].dtype == eager[0].dtype == torch.float32
+    for o, e, tr, name in zip(ours, eager, truth, ["loss", "dx", "dW", "db"]):
+        assert o.dtype == e.dtype, name
+        err, err_eager = (o.double() - tr).abs().max().item(), (e.double() - tr).abs().max().item()
+        assert err <= 2 * err_eager + 2 ** -8 * tr.abs().max().item(), (name, err, err_eager)
+
+
 def test_fused_linear_cross_entropy_partial_grads_and_no_grad() -> None:
     x, w, t = make((10, 16), seed=6), make((50, 16), seed=7), targets(10, 50)
     xg = x.clone().requires_grad_()
@@ -364,3 +397,23 @@ def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> No
         assert torch.equal(o.isnan(), tr.isnan()) and torch.equal(o.isinf(), tr.isinf()), name
         finite = torch.isfinite(tr)
         assert torch.allclose(o.double()[finite], tr[finite], atol=1e-5), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU check)")
+def test_fused_linear_cross_entropy_under_autocast_cuda() -> None:
+    """The triton provider under CUDA autocast (bf16): as eager's F.linear + F.cross_entropy."""
+    x0, w0 = make((256, 128), seed=18).cuda(), make((5003, 128), seed=19, scale=0.2).cuda()
+    t = targets(256, 5003, ignore_rows=(3,)).cuda()
+    out = []
+    for fn in (lambda x, w: fused_linear_cross_entropy(x, w, t, provider="triton"),
+               lambda x, w: FLCE_SPEC.reference(x, w, t)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(x, w)
+        loss.backward()
+        out.append((loss.detach(), x.grad, w.grad))
+    (lo, gx, gw), (le, ex, ew) = out
+    assert lo.dtype == le.dtype == torch.float32 and gx.dtype == gw.dtype == torch.float32
+    torch.testing.assert_close(lo, le, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(gx, ex, rtol=2e-2, atol=2e-4)
+    torch.testing.assert_close(gw, ew, rtol=2e-2, atol=2e-4)
