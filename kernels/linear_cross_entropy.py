@@ -134,7 +134,8 @@ def _validate(x, weight, target, bias, ignore_index, label_smoothing, reduction,
                                 f"x's leading dims {tuple(x.shape[:-1])}")
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise CrossEntropyError(f"fused_linear_cross_entropy: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
-    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+    mixed = x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype)
+    if mixed and not torch.is_autocast_enabled(x.device.type):  # autocast casts all three, as eager's
         raise CrossEntropyError(f"fused_linear_cross_entropy: x, weight and bias must share a dtype "
                                 f"(x {x.dtype}, weight {weight.dtype})")
     if reduction == "none":

@@ -210,6 +210,20 @@ def test_fused_linear_cross_entropy_under_autocast(provider, with_bias) -> None:
         assert err <= 2 * err_eager + 2 ** -8 * tr.abs().max().item(), (name, err, err_eager)
 
 
+def test_fused_linear_cross_entropy_mixed_dtypes_need_autocast() -> None:
+    """bf16 hidden states with an fp32 head: eager's F.linear takes them under autocast only; so do we."""
+    x, w, t = make((16, 32), torch.bfloat16, 20), make((300, 32), seed=21, scale=0.3), targets(16, 300)
+    with pytest.raises(CrossEntropyError, match="share a dtype"):
+        fused_linear_cross_entropy(x, w, t, provider="cpu")
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fused_linear_cross_entropy(xs, ws, t, provider="cpu")
+        want = torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, w), t)
+    loss.backward()
+    assert loss.dtype == torch.float32 and xs.grad.dtype == torch.bfloat16 and ws.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, want, rtol=1e-2, atol=1e-2)
+
+
 def test_fused_linear_cross_entropy_partial_grads_and_no_grad() -> None:
     x, w, t = make((10, 16), seed=6), make((50, 16), seed=7), targets(10, 50)
     xg = x.clone().requires_grad_()
