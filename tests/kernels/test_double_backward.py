@@ -16,6 +16,7 @@ import torch
 
 import kernels
 from kernels.norm_function import apply_norm
+from tests.kernels.test_rope import tables
 
 pytestmark = pytest.mark.usefixtures("cpu_provider")
 
@@ -40,11 +41,6 @@ def _awkward(shape: tuple[int, ...], dtype: torch.dtype, layout: str) -> torch.T
     if layout == "transposed":  # same logical shape, non-contiguous
         x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
     return x.to(dtype)
-
-
-def _tables(seq: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    angles = torch.outer(torch.arange(seq, dtype=torch.float64), torch.linspace(0.1, 1.0, d // 2)).repeat(1, 2)
-    return angles.cos(), angles.sin()
 
 
 # name -> (ours, reference) as f(x) for an x of shape [..., rows, n]
@@ -111,7 +107,7 @@ def test_hessian_vector_product_bf16_is_as_close_as_eager(name) -> None:
 def test_rope_hessian_through_the_upstream_grad() -> None:
     """rope is linear: its second derivative lives in the grad it is given (here 2 * v * rope(q))."""
     b, heads, seq, d = 2, 3, 5, 8
-    cos, sin = (t.float() for t in _tables(seq, d))
+    cos, sin = tables(seq, d, torch.float32)
     q = torch.randn(b, heads, seq, d, generator=_gen(3))
     k = torch.randn(b, heads, seq, d, generator=_gen(4))
 

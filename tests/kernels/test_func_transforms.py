@@ -18,15 +18,11 @@ from torch.func import functional_call, grad, jacrev, vmap
 
 import kernels
 from kernels.norms import LayerNorm, RMSNorm
+from tests.kernels.test_rope import tables
 
 pytestmark = pytest.mark.usefixtures("cpu_provider")
 
 H = 24
-
-
-def _tables(seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), torch.linspace(0.1, 1.0, H // 2)).repeat(1, 2)
-    return angles.cos(), angles.sin()
 
 
 def _x(*shape: int) -> torch.Tensor:
@@ -49,7 +45,7 @@ CALLS = {
     "swiglu": lambda x: kernels.swiglu(x, x.flip(0)),
     "geglu": lambda x: kernels.geglu(x, x.flip(0), approximate="tanh"),
     "softmax": lambda x: kernels.softmax(x, scale=0.5, causal=True),
-    "rope": lambda x: torch.cat(kernels.rope(x.view(1, 1, 7, H), x.flip(0).view(1, 1, 7, H), *_tables(7))),
+    "rope": lambda x: torch.cat(kernels.rope(x.view(1, 1, 7, H), x.flip(0).view(1, 1, 7, H), *tables(7, H, torch.float32))),
     "cross_entropy": lambda x: kernels.cross_entropy(x, TARGET, label_smoothing=0.1),
     "fused_linear_cross_entropy": lambda x: kernels.fused_linear_cross_entropy(x, VOCAB_W, TARGET, chunk_size=3),
 }

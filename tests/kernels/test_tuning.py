@@ -16,6 +16,7 @@ import torch
 import kernels
 from kernels import registry, tuning, tuning_store
 from kernels.registry import KERNELS, KernelSpec, Supports, dispatch, poison_outputs, register_kernel
+from tests.kernels.test_rope import tables
 
 N = 1 << 15  # elements of the synthetic inputs: ~20 us per op, so 20x work is unmistakable
 
@@ -381,13 +382,9 @@ _CHECKPOINTED = {  # kernel -> f(x, w) of a [rows, 24] input and a [24] weight
     "gelu": lambda x, w: kernels.gelu(x * w, approximate="tanh"),
     "swiglu": lambda x, w: kernels.swiglu(x, x * w),
     "softmax": lambda x, w: kernels.softmax(x * w, causal=True),
-    "rope": lambda x, w: kernels.rope(x.view(1, 1, -1, 24), (x * w).view(1, 1, -1, 24), *_tables(x.shape[0]))[1],
+    "rope": lambda x, w: kernels.rope(x.view(1, 1, -1, 24), (x * w).view(1, 1, -1, 24),
+                                      *tables(x.shape[0], 24, torch.float32))[1],
 }
-
-
-def _tables(seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), torch.linspace(0.1, 1.0, 12)).repeat(1, 2)
-    return angles.cos(), angles.sin()
 
 
 @pytest.mark.parametrize("name", sorted(_CHECKPOINTED))
