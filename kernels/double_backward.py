@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kernels.registry import KERNELS
+
 
 def create_graph() -> bool:
     """True inside a backward run with create_graph=True (the only time grad mode is on there)."""
@@ -48,12 +50,16 @@ def vjp_of(fn: Callable[..., Any], inputs: Sequence[Any], needs: Sequence[bool],
     return result
 
 
-def refuse(kernel: str, instead: str = "provider='reference'") -> None:
-    """Raise: a backward with create_graph=True through `kernel`'s fused backward.
+def refuse(kernel: str) -> None:
+    """Raise: a backward with create_graph=True through `kernel`'s fused backward. The message
+    names the providers that can: those made of plain PyTorch ops (`KernelSpec.func_safe`) that
+    the kernel has, and the reference.
 
     Raised at once, not when the grads are differentiated: a grad_fn that raises later (what
     @once_differentiable gives) is skipped by `torch.autograd.grad(..., inputs=x)` whenever it
     does not lead to x itself, and the term is then silently zero again.
     """
+    spec = KERNELS[kernel]
+    able = [p for p in spec.func_safe if p in spec.providers] + ["reference"]
     raise RuntimeError(f"{kernel}: a backward with create_graph=True (a second derivative) through the fused "
-                       f"kernel is not supported; call it with {instead} for that")
+                       f"kernel is not supported; call it with {' or '.join(f'provider={p!r}' for p in able)} for that")

@@ -57,8 +57,6 @@ def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
 # reads the mean and rstd the forward saved, and differentiating it would need the composition.
 _NAMES = {("ln", False): "layer_norm", ("ln", True): "add_layer_norm",
           ("rms", False): "rms_norm", ("rms", True): "add_rms_norm"}
-_INSTEAD = {"add_rms_norm": "provider='reference'"}  # it has no aten provider
-_ATEN_OR_REFERENCE = "provider='aten' (F.layer_norm / F.rms_norm) or provider='reference'"
 
 
 class _FusedNorm(torch.autograd.Function):
@@ -105,8 +103,7 @@ class _FusedNorm(torch.autograd.Function):
     def backward(ctx, *grads):
         ops, kind, shape, llama_cast, fused_add, w_dtype, b_dtype = ctx.meta
         if create_graph():
-            name = _NAMES[kind, fused_add]
-            refuse(name, _INSTEAD.get(name, _ATEN_OR_REFERENCE))
+            refuse(_NAMES[kind, fused_add])
         src, w_eff, mean, rstd = ctx.saved_tensors
         dsum, dy = grads if fused_add else (None, grads[0])
         m, n = src.shape
