@@ -42,7 +42,7 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
 def _cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
          weight_decay, amsgrad, maximize):
     cpu_ops().adamw_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                                     lr, beta1, beta2, eps, weight_decay, amsgrad, maximize)
+                          lr, beta1, beta2, eps, weight_decay, amsgrad, maximize)
 
 
 def _aten(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
