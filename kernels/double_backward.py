@@ -6,9 +6,9 @@ derivative through a kernel silently lost that kernel's term: d2/dx2 of gelu(x) 
 as 6x, not gelu''(x) + 6x. Now a backward that runs with grad enabled (autograd enables it only
 for create_graph=True) either
 - recomputes its gradients from eager ops, which autograd can differentiate again (`vjp_of`:
-  the activations, softmax, rope and cross_entropy), or
-- raises at once (`refuse`: the norms and fused_linear_cross_entropy, whose backward reads
-  statistics or gradients saved by the forward), naming the kernel and the providers that can.
+  the activations, softmax, rope, cross_entropy and the norms, `norm_function.eager_grads`), or
+- raises at once (`refuse`: fused_linear_cross_entropy, whose forward computed the gradients and
+  saved them), naming the kernel and the providers that can.
 
 The usual backward (create_graph=False) is untouched.
 """

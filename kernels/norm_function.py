@@ -5,6 +5,10 @@
 signatures of `kernels/csrc/norms.cpp`: `torch.ops.fusionlens.{layer,rms}_norm_{fwd,bwd}` for
 "cpu", `kernels.triton_norms` for "triton". `apply_norm` skips autograd when no gradient is needed.
 
+A backward with create_graph=True (a second derivative) returns the reference composition's
+gradients on the saved input (x, or the sum when fused with the add) instead, built with a graph
+(`eager_grads`); the C++ node calls it through `torch.ops.fusionlens.norm_eager_grads`.
+
 The "cpu" provider (outside torch.compile tracing) takes a shorter road: one call of
 `torch.ops.fusionlens.norm_train`, whose autograd node is C++ (`NormTrain` in norms.cpp) and calls
 the same kernels; without grad it runs the forward alone. The Python Function cost ~75 us a step
@@ -19,9 +23,9 @@ from typing import Any
 import torch
 
 from kernels import _alloc
-from kernels.double_backward import create_graph, refuse
+from kernels.double_backward import create_graph, vjp_of
 from kernels.providers import provider_ops
-from kernels.registry import new_output, poisoning
+from kernels.registry import KERNELS, new_output, poisoning
 
 
 def _w_eff(kind: str, weight: torch.Tensor | None, offset: float, llama_cast: bool) -> torch.Tensor | None:
@@ -53,22 +57,57 @@ def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return t.reshape(rows, n).contiguous()
 
 
-# A second derivative through the fused norms is refused (kernels/double_backward.py): their backward
-# reads the mean and rstd the forward saved, and differentiating it would need the composition.
-_NAMES = {("ln", False): "layer_norm", ("ln", True): "add_layer_norm",
-          ("rms", False): "rms_norm", ("rms", True): "add_rms_norm"}
+def _reference(kind: str, eps: float, offset: float, llama_cast: bool):
+    """The registered eager composition of the norm alone, as f(inp, weight, bias)."""
+    if kind == "ln":
+        ln = KERNELS["layer_norm"].reference
+        return lambda s, w, b: ln(s, w, b, eps)
+    rms, casting = KERNELS["rms_norm"].reference, "llama" if llama_cast else "gemma"
+    return lambda s, w, b: rms(s, w, eps, offset, casting)
+
+
+def eager_grads(kind: str, inp: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                dy: torch.Tensor | None, dsum: torch.Tensor | None, eps: float, offset: float, llama_cast: bool,
+                need_inp: bool, need_w: bool, need_b: bool) -> list[torch.Tensor | None]:
+    """[d inp, d weight, d bias] of the reference norm at the saved input `inp` (x, or the sum
+    output when fused with the add, whose grad_fn leads on to x and the residual), against dy,
+    plus dsum: what a backward with create_graph=True returns, differentiable again. None: no grad.
+
+    The fused backward kernels read the mean and rstd the forward saved and write through library
+    ops, which autograd cannot differentiate; the reference's own graph can be."""
+    grads: list[torch.Tensor | None] = [None, None, None]
+    if dy is not None:
+        grads = vjp_of(_reference(kind, eps, offset, llama_cast), [inp, weight, bias], [need_inp, need_w, need_b], [dy])
+    if dsum is not None and need_inp:
+        grads[0] = dsum if grads[0] is None else grads[0] + dsum
+    return grads
+
+
+def _eager_grads_op(inp, weight, bias, dy, dsum, eps, offset, rms, llama_cast, need_inp, need_w, need_b):
+    return eager_grads("rms" if rms else "ln", inp, weight, bias, dy, dsum, eps, offset, llama_cast,
+                       need_inp, need_w, need_b)
+
+
+# The C++ node (NormTrain in norm_train.cpp) reaches eager_grads through the dispatcher: a
+# composite op runs its Python body with autograd recording, as a backward with create_graph needs.
+_LIBRARY = torch.library.Library("fusionlens", "FRAGMENT")
+_LIBRARY.define("norm_eager_grads(Tensor inp, Tensor? weight, Tensor? bias, Tensor? dy, Tensor? dsum, float eps, "
+                "float offset, bool rms, bool llama_cast, bool need_inp, bool need_w, bool need_b) -> Tensor?[]")
+_LIBRARY.impl("norm_eager_grads", _eager_grads_op, "CompositeImplicitAutograd")
 
 
 class _FusedNorm(torch.autograd.Function):
     """y = norm(x [+ residual]) by a provider's ops (`ops.*_fwd/_bwd`, the C++ op signatures).
 
-    kind: "ln" or "rms". Returns y, or (sum, y) when a residual is given. Saves the normalized
-    input ([M, N], the sum when fused with the add) and fp32 mean/rstd per row.
+    kind: "ln" or "rms". Returns y, or (sum, y) when a residual is given. Saves what ATen's
+    LayerNorm saves: the input (x, or the sum output when fused with the add), weight, bias and
+    fp32 mean/rstd per row. The backward rebuilds the [M, N] rows and the fp32 effective weight
+    for the kernels; with create_graph=True it differentiates the reference instead (`eager_grads`).
     """
 
     @staticmethod
     def run_forward(ops, kind, x, residual, weight, bias, eps, offset, llama_cast):
-        """The forward pass alone: (outputs, x2, sum [M, N] or empty, w_eff, mean, rstd)."""
+        """The forward pass alone: (outputs, mean or None, rstd)."""
         shape, n = x.shape, x.shape[-1]
         w_eff = _w_eff(kind, weight, offset, llama_cast)
         x2, r2 = _rows(x, n), _rows(residual, n)
@@ -85,29 +124,31 @@ class _FusedNorm(torch.autograd.Function):
                 ops.rms_norm_fwd(x2, r2, w_eff, eps, llama_cast, y, s, rstd)
         y = y.view(shape)
         outs = (s.view(shape), y) if r2 is not None else y
-        return outs, x2, s, w_eff, mean, rstd
+        return outs, mean, rstd
 
     @staticmethod
     def forward(ctx, ops, kind, x, residual, weight, bias, eps, offset, llama_cast):
-        shape = x.shape
-        outs, x2, s, w_eff, mean, rstd = _FusedNorm.run_forward(ops, kind, x, residual, weight, bias, eps, offset,
-                                                                llama_cast)
-        r2 = residual
+        outs, mean, rstd = _FusedNorm.run_forward(ops, kind, x, residual, weight, bias, eps, offset, llama_cast)
+        fused_add = residual is not None
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(s if r2 is not None else x2, w_eff, mean, rstd)
-        ctx.meta = (ops, kind, shape, llama_cast, r2 is not None,
-                    None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        ctx.save_for_backward(outs[0] if fused_add else x, weight, bias, mean, rstd)
+        ctx.meta = (ops, kind, llama_cast, fused_add, eps, offset)
         return outs
 
     @staticmethod
     def backward(ctx, *grads):
-        ops, kind, shape, llama_cast, fused_add, w_dtype, b_dtype = ctx.meta
-        if create_graph():
-            refuse(_NAMES[kind, fused_add])
-        src, w_eff, mean, rstd = ctx.saved_tensors
+        ops, kind, llama_cast, fused_add, eps, offset = ctx.meta
+        inp, weight, bias, mean, rstd = ctx.saved_tensors
         dsum, dy = grads if fused_add else (None, grads[0])
-        m, n = src.shape
         need_x, need_r, need_w, need_b = (ctx.needs_input_grad[i] for i in (2, 3, 4, 5))
+        if create_graph():
+            d_in, grad_w, grad_b = eager_grads(kind, inp, weight, bias, dy, dsum, eps, offset, llama_cast,
+                                               need_x or need_r, need_w, need_b)
+            return (None, None, d_in if need_x else None, d_in if need_r else None, grad_w, grad_b,
+                    None, None, None)
+        shape, n = inp.shape, inp.shape[-1]
+        src, w_eff = _rows(inp, n), _w_eff(kind, weight, offset, llama_cast)
+        m = src.shape[0]
         dw = new_output((n,), src, torch.float32) if need_w else src.new_empty(0, dtype=torch.float32)
         db = new_output((n,), src, torch.float32) if need_b else src.new_empty(0, dtype=torch.float32)
         if dy is None:  # only the sum was used downstream
@@ -123,8 +164,8 @@ class _FusedNorm(torch.autograd.Function):
             else:
                 ops.rms_norm_bwd(dy2, src, w_eff, rstd, da2, llama_cast, dx, dw)
             dx = dx.view(shape)
-        grad_w = dw.to(w_dtype) if need_w else None
-        grad_b = db.to(b_dtype) if need_b else None
+        grad_w = dw.to(weight.dtype) if need_w else None
+        grad_b = db.to(bias.dtype) if need_b else None
         return (None, None, dx if need_x else None, dx if need_r else None, grad_w, grad_b,
                 None, None, None)
 

@@ -113,10 +113,12 @@ def register_kernel(spec: KernelSpec) -> KernelSpec:
 # their KernelSpec's `cost`, so a capture's roofline and the advisor count the same FLOPs and bytes
 # (bytes_fused: what the op reads and writes); backward ops are counted the same way.
 OP_COSTS: dict[str, Callable[..., Cost]] = {}
-# Library ops that do no arithmetic on tensors: which instruction set a family runs, the output
-# pool's controls and its allocation (a profiler counts allocations as such).
+# Library ops that do no arithmetic on tensors themselves: which instruction set a family runs,
+# the output pool's controls and its allocation (a profiler counts allocations as such), and the
+# composite norm_eager_grads (kernels/norm_function.py), whose eager ops are counted one by one.
 NO_COMPUTE_OPS = frozenset({"activations_isa", "cross_entropy_isa", "norms_isa", "optim_isa", "rope_isa",
-                            "softmax_isa", "empty_pooled", "pool_configure", "pool_empty", "pool_stats"})
+                            "softmax_isa", "empty_pooled", "pool_configure", "pool_empty", "pool_stats",
+                            "norm_eager_grads"})
 
 
 def register_op_cost(*names: str):

@@ -72,8 +72,8 @@ c10::TypedOperatorHandle<Fn> row_op(const char* name) {
 }
 
 struct TrainFwd {
-  at::Tensor sum, y;                   // [..., N] (sum: [0] without a residual)
-  at::Tensor src, w_eff, mean, rstd;   // what the backward reads: [M, N] input (or sum), fp32 stats
+  at::Tensor sum, y;         // [..., N] (sum: [0] without a residual)
+  at::Tensor mean, rstd;     // [M] fp32 (mean: LayerNorm only)
 };
 
 TrainFwd train_forward(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
@@ -94,16 +94,15 @@ TrainFwd train_forward(const at::Tensor& x, const at::Tensor& residual, const at
   at::Tensor s = r2.defined() ? new_out({m, n}, opt, p) : at::empty({0}, opt);
   o.rstd = new_out({m}, f32, p);
   if (!rms) o.mean = new_out({m}, f32, p);
-  o.w_eff = effective_weight(weight, offset, rms, llama_cast);
+  const at::Tensor w_eff = effective_weight(weight, offset, rms, llama_cast);
   const at::Tensor b32 = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
   if (x2.numel()) {
     static const auto rms_fwd = row_op<decltype(rms_norm_fwd)>("fusionlens::rms_norm_fwd");
     static const auto ln_fwd = row_op<decltype(layer_norm_fwd)>("fusionlens::layer_norm_fwd");
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    if (rms) rms_fwd.call(x2, opt_t(r2), opt_t(o.w_eff), eps, llama_cast, y, s, o.rstd);
-    else ln_fwd.call(x2, opt_t(r2), opt_t(o.w_eff), opt_t(b32), eps, y, s, o.mean, o.rstd);
+    if (rms) rms_fwd.call(x2, opt_t(r2), opt_t(w_eff), eps, llama_cast, y, s, o.rstd);
+    else ln_fwd.call(x2, opt_t(r2), opt_t(w_eff), opt_t(b32), eps, y, s, o.mean, o.rstd);
   }
-  o.src = r2.defined() ? s : x2;
   o.y = y.view(x.sizes());
   o.sum = r2.defined() ? s.view(x.sizes()) : s;
   return o;
@@ -128,36 +127,59 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
     }
     ctx->saved_data["edges"] = edges;
     ctx->set_materialize_grads(false);
-    ctx->save_for_backward({o.src, o.w_eff, o.mean, o.rstd});
-    ctx->saved_data["shape"] = x.sizes().vec();
+    // What ATen's LayerNorm saves: the input (x, or the sum output, whose grad_fn is this node),
+    // weight, bias and the fp32 stats. The backward rebuilds the rows and the effective weight.
+    ctx->save_for_backward({residual.defined() ? o.sum : x, weight, bias, o.mean, o.rstd});
+    ctx->saved_data["eps_offset"] = std::vector<double>{eps, offset};
     ctx->saved_data["flags"] = std::vector<bool>{rms, llama_cast, residual.defined(), poison};
     ctx->saved_data["hp"] = std::vector<int64_t>{hp_min, hp_bytes, pool_min};
-    ctx->saved_data["w_dtype"] = weight.defined() ? weight.scalar_type() : at::kFloat;
-    ctx->saved_data["b_dtype"] = bias.defined() ? bias.scalar_type() : at::kFloat;
     if (!residual.defined()) ctx->mark_non_differentiable({o.sum});
     return {o.sum, o.y};
   }
 
-  // The Python backward of kernels/norm_function.py, line for line. Its kernels are called
-  // directly (no autograd graph), so a backward with create_graph=True is refused.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &src = saved[0], &w_eff = saved[1], &mean = saved[2], &rstd = saved[3];
+  // create_graph=True: kernels/norm_function.py's eager_grads (registered from Python as
+  // fusionlens::norm_eager_grads, a composite op) differentiates the reference at the saved x (or
+  // sum) with a graph, so a second derivative keeps this norm's term.
+  static variable_list eager_backward(AutogradContext* ctx, const variable_list& saved, const variable_list& grads) {
     const auto flags = ctx->saved_data["flags"].toBoolList();
     const bool rms = flags[0], llama_cast = flags[1], fused_add = flags[2];
-    // create_graph=True: these kernels are not differentiable, and grads without a graph would
-    // silently drop this norm's second-order term (kernels/double_backward.py).
-    TORCH_CHECK(!at::GradMode::is_enabled(), fused_add ? "add_" : "", rms ? "rms_norm" : "layer_norm",
-                ": a backward with create_graph=True (a second derivative) through the fused kernel is not "
-                "supported; call it with ",
-                rms && fused_add ? "provider='reference'"  // add_rms_norm has no aten provider
-                                 : "provider='aten' (F.layer_norm / F.rms_norm) or provider='reference'",
-                " for that");
+    const auto eps_offset = ctx->saved_data["eps_offset"].toDoubleVector();
+    const auto edges = ctx->saved_data["edges"].toIntVector();
+    const auto need = [&](int i) { return edges[i] >= 0 && ctx->needs_input_grad(edges[i]); };
+    const auto op = c10::Dispatcher::singleton().findSchema({"fusionlens::norm_eager_grads", ""});
+    TORCH_CHECK(op.has_value(), "norm_train: a backward with create_graph=True needs fusionlens::norm_eager_grads, "
+                "registered by importing kernels.norm_function");
+    using Opt = c10::optional<at::Tensor>;
+    const auto eager = op->typed<c10::List<Opt>(const at::Tensor&, const Opt&, const Opt&, const Opt&, const Opt&,
+                                                 double, double, bool, bool, bool, bool, bool)>();
+    const at::Tensor dsum = fused_add ? grads[0] : at::Tensor();
+    const auto got = eager.call(saved[0], opt_t(saved[1]), opt_t(saved[2]), opt_t(grads[1]), opt_t(dsum),
+                                eps_offset[0], eps_offset[1], rms, llama_cast, need(0) || need(1), need(2), need(3));
+    const auto at_ = [&](size_t i) { const Opt g = got.get(i); return g.has_value() ? *g : at::Tensor(); };
+    variable_list out(12);  // one per forward argument
+    if (need(0)) out[0] = at_(0);
+    if (need(1)) out[1] = at_(0);
+    if (need(2)) out[2] = at_(1);
+    if (need(3)) out[3] = at_(2);
+    return out;
+  }
+
+  // The Python backward of kernels/norm_function.py, line for line. Its kernels are called
+  // directly (no autograd graph); with create_graph=True the grads come from the reference
+  // composition instead (eager_backward).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) return eager_backward(ctx, saved, grads);
+    const at::Tensor &input = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
+    const auto flags = ctx->saved_data["flags"].toBoolList();
+    const bool rms = flags[0], llama_cast = flags[1], fused_add = flags[2];
+    const auto shape = input.sizes();
+    const int64_t n = shape.back(), m = c10::multiply_integers(shape.begin(), shape.end() - 1);
+    const at::Tensor src = input.reshape({m, n}).contiguous();  // a view unless x was strided
+    const at::Tensor w_eff = effective_weight(weight, ctx->saved_data["eps_offset"].toDoubleVector()[1], rms, llama_cast);
     const auto hp = ctx->saved_data["hp"].toIntVector();
     const AllocPolicy p{flags[3], hp[0], hp[1], hp[2]};
-    const auto shape = ctx->saved_data["shape"].toIntVector();
     const at::Tensor dsum = fused_add ? grads[0] : at::Tensor(), dy = grads[1];
-    const int64_t m = src.size(0), n = src.size(1);
     const auto edges = ctx->saved_data["edges"].toIntVector();
     const auto need = [&](int i) { return edges[i] >= 0 && ctx->needs_input_grad(edges[i]); };
     const bool need_x = need(0), need_r = need(1), need_w = need(2), need_b = need(3);
@@ -190,8 +212,8 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
     variable_list out(12);  // one per forward argument
     if (need_x) out[0] = dx;
     if (need_r) out[1] = dx;
-    if (need_w) out[2] = dw.to(ctx->saved_data["w_dtype"].toScalarType());
-    if (need_b) out[3] = db.to(ctx->saved_data["b_dtype"].toScalarType());
+    if (need_w) out[2] = dw.to(weight.scalar_type());
+    if (need_b) out[3] = db.to(bias.scalar_type());
     return out;
   }
 };

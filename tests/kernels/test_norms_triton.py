@@ -38,3 +38,19 @@ def test_triton_norms_interpreted(group: str) -> None:
     counts = dict(line.split() for line in out.strip().splitlines())
     assert sorted(counts) == sorted(names)
     assert all(int(v) >= 14 for v in counts.values())
+
+
+def test_triton_norms_second_derivatives_interpreted() -> None:
+    """create_graph=True on the triton road (Python Function, interpreted kernels forward, the
+    reference's grads with a graph) against float64, every norm, weight included."""
+    out = run_in_triton_interpreter(
+        "import torch\n"
+        "from tests.kernels.test_double_backward import NORMS, _awkward, _close_to, _gen, _hvp_with_weight\n"
+        "for name in sorted(NORMS):\n"
+        "    x, w = _awkward((9, 24), torch.float32, 'transposed'), torch.rand(24, generator=_gen(2)) + 0.5\n"
+        "    got = _hvp_with_weight(lambda a, b: NORMS[name](a, b, 'triton'), x, w)\n"
+        "    want = _hvp_with_weight(lambda a, b: NORMS[name](a, b, 'reference'), x.double(), w.double())\n"
+        "    _close_to(got, want, 1e-5)\n"
+        "    print(name)\n")
+    from tests.kernels.test_double_backward import NORMS
+    assert sorted(line.split()[0] for line in out.strip().splitlines()) == sorted(NORMS)
