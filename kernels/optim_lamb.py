@@ -107,9 +107,14 @@ def device_grad_divisor(grads: list[torch.Tensor], max_grad_norm: float) -> torc
     """max(1, ||g|| / max_grad_norm) over all grads as a 0-dim fp64 tensor on their device, with
     no host read: a GPU step stays asynchronous (apex's FusedLAMB keeps the norm on the GPU too).
     The norm is global_grad_norm's: per-tensor norms in fp32 (fp64 grads in fp64), summed in fp64."""
+    return torch.clamp(_device_sumsq(grads).sqrt() / max_grad_norm, min=1.0)
+
+
+def _device_sumsq(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squares over grads as a 0-dim fp64 tensor on their device: per-tensor norms by
+    torch._foreach_norm in fp32 (fp64 grads in fp64), squared and summed in fp64."""
     norms = torch._foreach_norm([g if g.dtype == torch.float64 else g.float() for g in grads])
-    total = torch.stack([n.double() for n in norms]).square().sum().sqrt()
-    return torch.clamp(total / max_grad_norm, min=1.0)
+    return torch.stack([n.double() for n in norms]).square().sum()
 
 
 def global_grad_norm(grads: list[torch.Tensor]) -> float:
@@ -124,9 +129,8 @@ def global_grad_norm(grads: list[torch.Tensor]) -> float:
         except Exception:  # no compiler: the eager norm below is exact enough
             total += sum(float(g.double().square().sum()) for g in cpu)
     rest = [g for g in grads if not (g.device.type == "cpu" and oc.is_dense(g))]
-    if rest:
-        norms = torch._foreach_norm([g.float() if g.dtype != torch.float64 else g for g in rest])
-        total += float(torch.stack([n.double().cpu() for n in norms]).square().sum())
+    for device in dict.fromkeys(g.device for g in rest):  # one host read per device, in first-seen order
+        total += float(_device_sumsq([g for g in rest if g.device == device]))
     return math.sqrt(total)
 
 

@@ -229,10 +229,10 @@ def compiled_note(events: pd.DataFrame, costs: pd.DataFrame, stats: Any) -> Opti
 
 
 def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optional[pd.DataFrame],
-              samples: Optional[pd.DataFrame], off: dict[str, str]) -> Trace:
-    """The final Trace: costs joined onto the events, NVML counters merged, capture meta added.
-    A partial join of torch.compile'd code is noted in `off` under "flops"."""
-    events, stats = trace.events, None
+              samples: Optional[pd.DataFrame], off: dict[str, str]) -> tuple[Trace, dict[str, str]]:
+    """The final Trace (costs joined onto the events, NVML counters merged, capture meta added) and
+    the sources off: `off`, copied, plus a partial join of torch.compile'd code under "flops"."""
+    events, stats, off = trace.events, None, dict(off)
     if costs is not None:
         from profiler.capture.join import join_costs
 
@@ -246,7 +246,7 @@ def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optio
                        "costs": _cost_summary(costs), "join": stats.as_dict() if stats else None,
                        "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs, views excluded)"}
     meta["flops_source"] = _flops_source(stats)
-    return Trace(events=events, meta=meta, memory=trace.memory, counters=_merge_counters(trace, samples))
+    return Trace(events=events, meta=meta, memory=trace.memory, counters=_merge_counters(trace, samples)), off
 
 
 def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
@@ -287,7 +287,7 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     say(0, plan.steps, f"running {plan.steps} steps ({plan.wait} wait, {plan.warmup} warm-up, {plan.active} active)")
     result, samples, off = _run_backend(backend, step, plan, out_dir, say)
     say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
-    trace = _assemble(loaded, plan, result.trace, costs, samples, off)
+    trace, off = _assemble(loaded, plan, result.trace, costs, samples, off)
     timings = {"build_s": build_s, "flops_pass_s": flops_s, **result.timings, "total_s": time.perf_counter() - t0}
     say(plan.steps, plan.steps, f"captured in {timings['total_s']:.1f} s")
     return CaptureResult(trace, result.raw_path, off, timings)
