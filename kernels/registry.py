@@ -369,4 +369,23 @@ def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) 
     spec = KERNELS[name]
     chosen, _ = select_provider(spec, args, kwargs, provider, by_measurement=provider is None)
     fn = spec.reference if chosen == "reference" else spec.providers[chosen]
+    if torch.compiler.is_compiling():
+        args, kwargs = _distinct_tensors(args, kwargs)
     return fn(*args, **kwargs)
+
+
+def _distinct_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A tensor passed twice (swiglu(h, h), add_rms_norm(x, x, w)) becomes an alias the second
+    time: Dynamo cannot trace an autograd.Function given the same tensor twice, and broke the
+    graph there. Eager runs take the tensors as given."""
+    seen: set[int] = set()
+
+    def once(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        if id(v) in seen:
+            return v.view_as(v)
+        seen.add(id(v))
+        return v
+
+    return tuple(once(a) for a in args), {k: once(v) for k, v in kwargs.items()}

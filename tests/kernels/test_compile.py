@@ -312,3 +312,32 @@ def test_large_outputs_compile_to_one_graph(cpu_provider, case: str, grad: bool)
     if grad:
         got.sum().backward()
         assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+_TWICE = {  # the same tensor passed to two inputs of one kernel
+    "swiglu": lambda x: kernels.swiglu(x, x, provider="cpu"),
+    "geglu": lambda x: kernels.geglu(x, x, provider="cpu"),
+    "add_rms_norm": lambda x: kernels.add_rms_norm(x, x, None, provider="cpu")[1],
+    "add_layer_norm": lambda x: kernels.add_layer_norm(x, x, provider="cpu")[1],
+    "rope": lambda x: _rope_twice(x.view(1, 1, 6, 8)),
+}
+
+
+def _rope_twice(q: torch.Tensor) -> torch.Tensor:
+    return torch.cat(kernels.rope(q, q, torch.ones(6, 8) * 0.6, torch.ones(6, 8) * 0.8, provider="cpu"))
+
+
+@pytest.mark.parametrize("case", sorted(_TWICE))
+def test_same_tensor_twice_compiles_to_one_graph(cpu_provider, case: str) -> None:
+    """Dynamo cannot trace an autograd.Function given one tensor twice: swiglu(h, h) broke the
+    graph (fullgraph=True raised). The second use is an alias under compile; grads add up."""
+    x0 = torch.randn(6, 8, generator=torch.Generator().manual_seed(3))
+    fn = _TWICE[case]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: fn(t), fullgraph=True, backend="aot_eager")
+    x, xe = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    got, want = compiled(x), fn(xe)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    (got ** 2).sum().backward()
+    (want ** 2).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad, rtol=1e-5, atol=1e-6)
