@@ -377,15 +377,9 @@ def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) 
 def _distinct_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A tensor passed twice (swiglu(h, h), add_rms_norm(x, x, w)) becomes an alias the second
     time: Dynamo cannot trace an autograd.Function given the same tensor twice, and broke the
-    graph there. Eager runs take the tensors as given."""
-    seen: set[int] = set()
-
-    def once(v: Any) -> Any:
-        if not isinstance(v, torch.Tensor):
-            return v
-        if id(v) in seen:
-            return v.view_as(v)
-        seen.add(id(v))
-        return v
-
-    return tuple(once(a) for a in args), {k: once(v) for k, v in kwargs.items()}
+    graph there. Eager runs take the tensors as given. (Compared with `is`: `id()` of a tensor
+    guards on the object, and a dynamic-shape graph would recompile for every new input.)"""
+    values = [*args, *kwargs.values()]
+    fixed = [v.view_as(v) if isinstance(v, torch.Tensor) and any(v is u for u in values[:i]) else v
+             for i, v in enumerate(values)]
+    return tuple(fixed[:len(args)]), dict(zip(kwargs, fixed[len(args):]))
