@@ -23,8 +23,8 @@ import torch
 
 from kernels import optim_common as oc
 from kernels.providers import cpu_ops
-from kernels.registry import (Cost, KernelSpec, Supports, io_bytes, op_only_cost, register_kernel, register_op_cost,
-                              total_cost)
+from kernels.registry import (Cost, KernelSpec, Supports, io_bytes, op_only_cost, provider_unavailable_reason,
+                              register_kernel, register_op_cost, total_cost)
 
 
 def _reference(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
@@ -55,6 +55,9 @@ def _reference(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2,
 
 def _cpu(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
          grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb):
+    """The C++ step; its clipping divisor is a one-element tensor (a float is wrapped in one)."""
+    if not isinstance(grad_divisor, torch.Tensor):
+        grad_divisor = torch.full((), float(grad_divisor), dtype=torch.float64)
     cpu_ops().lamb_step_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
                          grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb)
 
@@ -104,15 +107,18 @@ SPEC = register_kernel(KernelSpec(
 
 
 def device_grad_divisor(grads: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
-    """max(1, ||g|| / max_grad_norm) over all grads as a 0-dim fp64 tensor on their device, with
-    no host read: a GPU step stays asynchronous (apex's FusedLAMB keeps the norm on the GPU too).
-    The norm is global_grad_norm's: per-tensor norms in fp32 (fp64 grads in fp64), summed in fp64."""
+    """max(1, ||g|| / max_grad_norm) over the grads of one device as a 0-dim fp64 tensor there,
+    with no host read: a GPU step stays asynchronous (apex's FusedLAMB keeps the norm on the GPU
+    too) and a compiled step one graph. The norm is global_grad_norm's, to the bit."""
     return torch.clamp(_device_sumsq(grads).sqrt() / max_grad_norm, min=1.0)
 
 
 def _device_sumsq(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of squares over grads as a 0-dim fp64 tensor on their device: per-tensor norms by
+    """Sum of squares over the grads of one device as a 0-dim fp64 tensor there: dense CPU grads
+    by the C++ multi-tensor reduction (fp64 across chunks) where the extension builds, others by
     torch._foreach_norm in fp32 (fp64 grads in fp64), squared and summed in fp64."""
+    if provider_unavailable_reason("cpu") is None and all(g.device.type == "cpu" and oc.is_dense(g) for g in grads):
+        return cpu_ops().multi_sumsq(grads).sum()
     norms = torch._foreach_norm([g if g.dtype == torch.float64 else g.float() for g in grads])
     return torch.stack([n.double() for n in norms]).square().sum()
 
@@ -122,15 +128,8 @@ def global_grad_norm(grads: list[torch.Tensor]) -> float:
     if not grads:
         return 0.0
     total = 0.0
-    cpu = [g for g in grads if g.device.type == "cpu" and oc.is_dense(g)]
-    if cpu:
-        try:
-            total += float(cpu_ops().multi_sumsq(cpu).sum())
-        except Exception:  # no compiler: the eager norm below is exact enough
-            total += sum(float(g.double().square().sum()) for g in cpu)
-    rest = [g for g in grads if not (g.device.type == "cpu" and oc.is_dense(g))]
-    for device in dict.fromkeys(g.device for g in rest):  # one host read per device, in first-seen order
-        total += float(_device_sumsq([g for g in rest if g.device == device]))
+    for device in dict.fromkeys(g.device for g in grads):  # one host read per device, in first-seen order
+        total += float(_device_sumsq([g for g in grads if g.device == device]))
     return math.sqrt(total)
 
 
@@ -166,12 +165,11 @@ class LAMB(torch.optim.Optimizer):
         st["exp_avg_sq"] = oc.zeros_state(p)
 
     def _grad_divisor(self, all_buckets) -> float | torch.Tensor:
-        """The clipping divisor: a device tensor when every grad is on one GPU (no sync), else a float."""
+        """The clipping divisor: a tensor when every grad is on one device (no host read), else a float."""
         if not self.max_grad_norm:
             return 1.0
         grads = [g for buckets in all_buckets for b in buckets.values() for g in b.grads]
-        devices = {g.device for g in grads}
-        if len(devices) == 1 and next(iter(devices)).type == "cuda":
+        if len({g.device for g in grads}) == 1:
             return device_grad_divisor(grads, self.max_grad_norm)
         norm = global_grad_norm(grads)
         return norm / self.max_grad_norm if norm > self.max_grad_norm else 1.0

@@ -52,6 +52,13 @@ def inputs() -> dict:
         shapes=shapes, grads=[1e-3 * torch.randn(s, generator=g) for s in shapes])
 
 
+def _lamb_divisor(ops, value: float):
+    """lamb_step_'s clipping divisor as the build at hand takes it: a float before 2026-12-01, a
+    one-element tensor since (the one a compiled step passes without a host read)."""
+    wants_tensor = str(ops.lamb_step_.default._schema.arguments[10].type) == "Tensor"
+    return torch.full((), value, dtype=torch.float64) if wants_tensor else value
+
+
 def op_calls(ops, t: dict) -> dict:
     """Zero-argument calls on this side's own preallocated outputs and optimizer state."""
     x, tgt = t["logits"], t["target"]
@@ -69,8 +76,8 @@ def op_calls(ops, t: dict) -> dict:
         "ce_backward": lambda: ops.ce_backward(x, tgt, lse, grad_rows, -100, 0.0, grad),
         "adamw_step_": lambda: ops.adamw_step_(ps, t["grads"], ms, vs, [], steps, 1e-4, 0.9, 0.999, 1e-8, 0.01,
                                                False, False),
-        "lamb_step_": lambda: ops.lamb_step_(ps, t["grads"], ms, vs, steps, 1e-4, 0.9, 0.999, 1e-6, 0.01, 1.0,
-                                             True, True, True, False),
+        "lamb_step_": lambda: ops.lamb_step_(ps, t["grads"], ms, vs, steps, 1e-4, 0.9, 0.999, 1e-6, 0.01,
+                                             _lamb_divisor(ops, 1.0), True, True, True, False),
     }
 
 

@@ -12,7 +12,7 @@
 //       torch.optim.AdamW's single-tensor algorithm; steps (fp32 scalars) are incremented here.
 //   lamb_step_(params!, grads, exp_avgs!, exp_avg_sqs!, steps!, lr, beta1, beta2, eps,
 //              weight_decay, grad_divisor, bias_correction, adam_w_mode, grad_averaging,
-//              use_nvlamb)
+//              use_nvlamb)   grad_divisor: a one-element CPU tensor (the clipping divisor)
 //       apex FusedLAMB: stage 1 updates m, v and reduces ||p||^2 and ||update||^2 per chunk
 //       (fp32 within a chunk, fp64 across), stage 2 recomputes the update from m, v, p and applies p -= lr * ratio * update
 //       with ratio = ||p|| / ||update|| (1 when either is 0, and when weight_decay == 0 unless
@@ -26,6 +26,7 @@
 #include "common.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -207,9 +208,14 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList exp
 
 void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                 at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1,
-                double beta2, double eps, double weight_decay, double grad_divisor,
+                double beta2, double eps, double weight_decay, const at::Tensor& grad_divisor,
                 bool bias_correction, bool adam_w_mode, bool grad_averaging, bool use_nvlamb) {
   check_lists("lamb_step_", params, {{"grads", grads}, {"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}});
+  // A tensor (as the Triton step's): the divisor computed from the grads (device_grad_divisor) goes
+  // in without a host read in Python, so a compiled step stays one graph. Read here, on the CPU.
+  TORCH_CHECK(grad_divisor.numel() == 1 && grad_divisor.device().is_cpu(),
+              "lamb_step_: grad_divisor must be a one-element CPU tensor");
+  const double divisor = grad_divisor.item<double>();
   if (params.empty()) return;
   const std::vector<double> step = bump_steps("lamb_step_", steps, params.size());
   const std::vector<at::Tensor> ps(params.begin(), params.end());
@@ -226,7 +232,7 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       inv_bc2[i] = bias_correction ? static_cast<M>(1.0 / (1.0 - std::pow(beta2, step[i]))) : M(1);
     }
     const M wd = static_cast<M>(weight_decay);
-    const fl_optim::LambScalars<M> sc{static_cast<M>(1.0 / grad_divisor), adam_w_mode ? M(0) : wd,
+    const fl_optim::LambScalars<M> sc{static_cast<M>(1.0 / divisor), adam_w_mode ? M(0) : wd,
                                       static_cast<M>(beta1), static_cast<M>(beta2),
                                       grad_averaging ? static_cast<M>(1.0 - beta1) : M(1),
                                       static_cast<M>(1.0 - beta2), static_cast<M>(eps), adam_w_mode ? wd : M(0)};
@@ -292,6 +298,11 @@ at::Tensor multi_sumsq(at::TensorList tensors) {
   return out;
 }
 
+// Shape and dtype only, for torch.compile's fake tensors: [len(tensors)] fp64.
+at::Tensor multi_sumsq_meta(at::TensorList tensors) {
+  return at::empty({static_cast<int64_t>(tensors.size())}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
+}
+
 // Which ISA copy the optimizer kernels run now ("avx512", "avx2" or "base").
 std::string optim_isa() { return fusionlens::cpu_isa_name(fusionlens::cpu_isa()); }
 
@@ -304,10 +315,11 @@ TORCH_LIBRARY_FRAGMENT(fusionlens, m) {
         "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool maximize) -> ()");
   m.def("lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, "
-        "float eps, float weight_decay, float grad_divisor, bool bias_correction, "
+        "float eps, float weight_decay, Tensor grad_divisor, bool bias_correction, "
         "bool adam_w_mode, bool grad_averaging, bool use_nvlamb) -> ()");
   m.def("multi_sumsq(Tensor[] tensors) -> Tensor");
   m.impl("adamw_step_", c10::DispatchKey::CPU, TORCH_FN(adamw_step_));
   m.impl("lamb_step_", c10::DispatchKey::CPU, TORCH_FN(lamb_step_));
   m.impl("multi_sumsq", c10::DispatchKey::CPU, TORCH_FN(multi_sumsq));
+  m.impl("multi_sumsq", c10::DispatchKey::Meta, TORCH_FN(multi_sumsq_meta));
 }
