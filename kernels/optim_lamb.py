@@ -117,7 +117,7 @@ def _device_sumsq(grads: list[torch.Tensor]) -> torch.Tensor:
     """Sum of squares over the grads of one device as a 0-dim fp64 tensor there: dense CPU grads
     by the C++ multi-tensor reduction (fp64 across chunks) where the extension builds, others by
     torch._foreach_norm in fp32 (fp64 grads in fp64), squared and summed in fp64."""
-    if provider_unavailable_reason("cpu") is None and all(g.device.type == "cpu" and oc.is_dense(g) for g in grads):
+    if all(g.device.type == "cpu" and oc.is_dense(g) for g in grads) and provider_unavailable_reason("cpu") is None:
         return cpu_ops().multi_sumsq(grads).sum()
     norms = torch._foreach_norm([g if g.dtype == torch.float64 else g.float() for g in grads])
     return torch.stack([n.double() for n in norms]).square().sum()
