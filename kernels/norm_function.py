@@ -10,7 +10,7 @@ gradients on the saved input (x, or the sum when fused with the add) instead, bu
 (`eager_grads`); the C++ node calls it through `torch.ops.fusionlens.norm_eager_grads`.
 
 The "cpu" provider (outside torch.compile tracing) takes a shorter road: one call of
-`torch.ops.fusionlens.norm_train`, whose autograd node is C++ (`NormTrain` in norms.cpp) and calls
+`torch.ops.fusionlens.norm_train`, whose autograd node is C++ (`NormTrain` in norm_train.cpp) and calls
 the same kernels; without grad it runs the forward alone. The Python Function cost ~75 us a step
 more than ATen's node, most of a step at small shapes, and the Python forward ~12 us more than the
 op (benchmarks/results/kernels_norms_cpu.md). `_FusedNorm` stays for the "triton"

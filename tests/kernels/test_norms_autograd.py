@@ -1,5 +1,5 @@
 """The cpu provider's training road: `fusionlens::norm_train`, whose autograd node is C++
-(`NormTrain` in kernels/csrc/norms.cpp), against the Python `_FusedNorm` road it replaces and the
+(`NormTrain` in kernels/csrc/norm_train.cpp), against the Python `_FusedNorm` road it replaces and the
 float64 truth: which road runs, bit-for-bit agreement, gradient accumulation, inputs without grad,
 a subset of inputs in `autograd.grad`, only the sum used, double backward, huge-page-sized outputs.
 (The float64 checks of test_norms.py run this road too: their inputs require grad.)"""
