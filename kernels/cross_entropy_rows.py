@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from kernels.providers import cpu_ops
-from kernels.registry import new_output
+from kernels.registry import has_data, new_output
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,10 @@ def validate(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
         raise CrossEntropyError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise CrossEntropyError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    # On GPU this check would synchronise and under torch.compile it would break the graph; the
-    # kernels check each row themselves (the C++ ops raise, the Triton kernels trap).
-    if target.device.type == "cpu" and not torch.compiler.is_compiling():
+    # On GPU this check would synchronise, under torch.compile it would break the graph and a fake
+    # tensor has no values; the kernels check each row themselves (the C++ ops raise, the Triton
+    # kernels trap).
+    if target.device.type == "cpu" and has_data(target):
         v = logits.shape[1]
         bad = (target != ignore_index) & ((target < 0) | (target >= v))
         if bool(bad.any()):

@@ -23,7 +23,7 @@ from torch import nn
 
 from kernels.double_backward import create_graph, refuse
 from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, cast_output, validate
-from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, new_output, register_kernel
+from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, has_data, new_output, register_kernel
 
 
 def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
@@ -38,7 +38,7 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
     the factor those grads still need (None: already applied).
 
     Eager: the mean's 1/n_valid goes into the kernel (one sync: the count is read on the host).
-    Under torch.compile the count stays a tensor, so the graph does not break: the kernel scales
+    Under torch.compile (and for fake tensors) the count stays a tensor, so the graph does not break: the kernel scales
     by 1 and the factor is applied in backward, where the upstream grad multiplies them anyway.
     """
     ops = ROW_OPS[provider]
@@ -46,7 +46,7 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
     factor = None
     if reduction != "mean":
         scale = 1.0
-    elif torch.compiler.is_compiling():
+    elif not has_data(target):  # torch.compile, fake tensors
         n_valid = (target != ignore_index).sum().to(torch.float32)
         factor, scale = torch.where(n_valid > 0, 1.0 / n_valid, 0.0), 1.0
     else:

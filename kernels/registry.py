@@ -251,6 +251,13 @@ def new_output_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.
     return base.permute([order.index(i) for i in range(x.dim())])
 
 
+def has_data(t: torch.Tensor) -> bool:
+    """t's values may be read on the host now: a plain tensor, not on meta, outside torch.compile
+    tracing. Fake tensors (FakeTensorMode: memory and runtime estimators, export) hold no data, and
+    a read while tracing breaks the graph; code that would read then keeps the value a tensor."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta" and not torch.compiler.is_compiling()
+
+
 def triton_interpreted() -> bool:
     """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1): tests only."""
     return os.environ.get("TRITON_INTERPRET") == "1"
