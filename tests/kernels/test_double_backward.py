@@ -30,8 +30,8 @@ def _hvp(f, x: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
     """(gradient, Hessian-vector product) of sum(v * f(x)**2) at x, for fixed random v and u."""
     x = x.detach().requires_grad_()
     y = f(x)
-    v = torch.randn(y.shape, generator=_gen(seed), dtype=torch.float64).to(y.dtype)
-    u = torch.randn(x.shape, generator=_gen(seed + 1), dtype=torch.float64).to(x.dtype)
+    v = torch.randn(y.shape, generator=_gen(seed), dtype=torch.float64).to(y.device, y.dtype)
+    u = torch.randn(x.shape, generator=_gen(seed + 1), dtype=torch.float64).to(x.device, x.dtype)
     (g,) = torch.autograd.grad((v * y.float() ** 2).sum(), x, create_graph=True)
     (h,) = torch.autograd.grad((g.float() * u.float()).sum(), x)
     return g.detach(), h
@@ -168,8 +168,8 @@ def _hvp_with_weight(f, x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
     P = <dL/dx, u> + |dL/dw|**2: second derivatives through both first-order grads."""
     x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
     y = f(x, w)
-    v = torch.randn(y.shape, generator=_gen(11), dtype=torch.float64).to(y.dtype)
-    u = torch.randn(x.shape, generator=_gen(12), dtype=torch.float64).to(x.dtype)
+    v = torch.randn(y.shape, generator=_gen(11), dtype=torch.float64).to(y.device, y.dtype)
+    u = torch.randn(x.shape, generator=_gen(12), dtype=torch.float64).to(x.device, x.dtype)
     g, gw = torch.autograd.grad((v * y.float() ** 2).sum(), [x, w], create_graph=True)
     hx, hw = torch.autograd.grad((g.float() * u.float()).sum() + (gw.float() ** 2).sum(), [x, w])
     return [g.detach(), gw.detach(), hx, hw]
