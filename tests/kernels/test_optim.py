@@ -413,6 +413,8 @@ def test_cuda_optimizer_steps_never_synchronize(name: str) -> None:
             opt.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    want = run(lambda ps: make(ps, provider="reference"), p0, seq, torch.float32)
+    # the reference on the GPU too: on CPU grads LAMB's norm would build the C++ extension here
+    want = run(lambda ps: make(ps, provider="reference"), [p.cuda() for p in p0],
+               [[g.cuda() for g in grads] for grads in seq], torch.float32)
     for p, w in zip(params, want):
-        torch.testing.assert_close(p.detach().cpu(), w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p.detach(), w, rtol=1e-5, atol=1e-6)
