@@ -88,9 +88,11 @@ def _as_tuple(out: Any) -> tuple:
 
 
 def upstream_grad(out: torch.Tensor, seed: int) -> torch.Tensor:
-    """A fixed random upstream gradient for `out` (drawn in float64, cast to out's dtype)."""
-    gen = torch.Generator().manual_seed(10_000 + seed)
-    g = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64)
+    """A fixed random upstream gradient for `out` (drawn in float64, cast to out's dtype). On a
+    GPU it is drawn there: a CPU draw at the GPU check's real sizes takes most of a second."""
+    device = out.device if out.device.type == "cuda" else torch.device("cpu")
+    gen = torch.Generator(device=device).manual_seed(10_000 + seed)
+    g = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64, device=device)
     return g.to(device=out.device, dtype=out.dtype)
 
 
