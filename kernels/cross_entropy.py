@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, cast_output, validate
-from kernels.double_backward import create_graph, vjp_of
+from kernels.double_backward import eager_backward, vjp_of
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost,
                               register_kernel, register_op_cost)
 
@@ -62,7 +62,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, t, lse, valid = ctx.saved_tensors
         ignore_index, eps, reduction, provider = ctx.args
-        if create_graph():  # the reference's gradient, from eager ops: differentiable again
+        if eager_backward(grad_out):  # the reference's gradient, from eager ops: differentiable, batchable
             def loss(logits):
                 return _reference(logits.float(), t, ignore_index, eps, reduction).to(logits.dtype)
             return vjp_of(loss, (x,), (True,), (grad_out,))[0], None, None, None, None, None

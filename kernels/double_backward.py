@@ -18,12 +18,20 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kernels.registry import KERNELS
+from kernels.registry import KERNELS, is_batched
 
 
 def create_graph() -> bool:
     """True inside a backward run with create_graph=True (the only time grad mode is on there)."""
     return torch.is_grad_enabled()
+
+
+def eager_backward(*grads: Any) -> bool:
+    """True when a backward must build its grads from eager ops, not library kernels: with
+    create_graph=True (they are differentiated again), and when its incoming grads are batched
+    (`autograd.grad(..., is_grads_batched=True)`, autograd.functional's jacobian/hessian with
+    vectorize=True: the backward runs under vmap, and library ops have no batching rules)."""
+    return create_graph() or any(isinstance(g, torch.Tensor) and is_batched(g) for g in grads)
 
 
 def vjp_of(fn: Callable[..., Any], inputs: Sequence[Any], needs: Sequence[bool],

@@ -110,10 +110,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         shape, w_dtype, b_dtype = ctx.meta
         if factor is not None:
             grad_out = grad_out * factor
-        # skip the scaling pass for the usual loss.backward(); tracing for torch.compile cannot
-        # test grad_out's value on the host
-        unit = (factor is None and not torch.compiler.is_compiling()
-                and grad_out.device.type == "cpu" and bool(grad_out == 1))
+        # skip the scaling pass for the usual loss.backward(); a traced, fake or batched grad_out
+        # has no one value to test on the host
+        unit = factor is None and grad_out.device.type == "cpu" and has_data(grad_out) and bool(grad_out == 1)
 
         def scaled(g, dtype):
             if g is None:

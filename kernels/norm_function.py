@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kernels import _alloc
-from kernels.double_backward import create_graph, vjp_of
+from kernels.double_backward import eager_backward, vjp_of
 from kernels.providers import provider_ops
 from kernels.registry import KERNELS, new_output, poisoning
 
@@ -93,7 +93,8 @@ def _eager_grads_op(inp, weight, bias, dy, dsum, eps, offset, rms, llama_cast, n
 _LIBRARY = torch.library.Library("fusionlens", "FRAGMENT")
 _LIBRARY.define("norm_eager_grads(Tensor inp, Tensor? weight, Tensor? bias, Tensor? dy, Tensor? dsum, float eps, "
                 "float offset, bool rms, bool llama_cast, bool need_inp, bool need_w, bool need_b) -> Tensor?[]")
-_LIBRARY.impl("norm_eager_grads", _eager_grads_op, "CompositeImplicitAutograd")
+for _key in ("CompositeImplicitAutograd", "Batched", "FuncTorchBatched"):  # vmap: eager ops batch themselves
+    _LIBRARY.impl("norm_eager_grads", _eager_grads_op, _key)
 
 
 class _FusedNorm(torch.autograd.Function):
@@ -141,7 +142,7 @@ class _FusedNorm(torch.autograd.Function):
         inp, weight, bias, mean, rstd = ctx.saved_tensors
         dsum, dy = grads if fused_add else (None, grads[0])
         need_x, need_r, need_w, need_b = (ctx.needs_input_grad[i] for i in (2, 3, 4, 5))
-        if create_graph():
+        if eager_backward(*grads):
             d_in, grad_w, grad_b = eager_grads(kind, inp, weight, bias, dy, dsum, eps, offset, llama_cast,
                                                need_x or need_r, need_w, need_b)
             return (None, None, d_in if need_x else None, d_in if need_r else None, grad_w, grad_b,

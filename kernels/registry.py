@@ -251,11 +251,25 @@ def new_output_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.
     return base.permute([order.index(i) for i in range(x.dim())])
 
 
+def is_batched(t: torch.Tensor) -> bool:
+    """t is a vmap BatchedTensor: torch.func.vmap's, or the legacy vmap's under which
+    `autograd.grad(..., is_grads_batched=True)` and autograd.functional's jacobian/hessian with
+    vectorize=True run a backward. Library ops have no batching rules. False while torch.compile
+    traces (Dynamo cannot trace the check; it handles vmap itself)."""
+    return not torch.compiler.is_compiling() and (_IS_BATCHED(t) or _IS_LEGACY_BATCHED(t))
+
+
+_IS_BATCHED = getattr(torch._C._functorch, "is_batchedtensor", lambda t: False)
+_IS_LEGACY_BATCHED = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
+
+
 def has_data(t: torch.Tensor) -> bool:
-    """t's values may be read on the host now: a plain tensor, not on meta, outside torch.compile
-    tracing. Fake tensors (FakeTensorMode: memory and runtime estimators, export) hold no data, and
-    a read while tracing breaks the graph; code that would read then keeps the value a tensor."""
-    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta" and not torch.compiler.is_compiling()
+    """t's values may be read on the host now: a plain tensor, not on meta, not batched, outside
+    torch.compile tracing. Fake tensors (FakeTensorMode: memory and runtime estimators, export)
+    hold no data, a batched one holds many, and a read while tracing breaks the graph; code that
+    would read then keeps the value a tensor."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta"
+            and not torch.compiler.is_compiling() and not is_batched(t))
 
 
 def triton_interpreted() -> bool:

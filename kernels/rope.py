@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.double_backward import create_graph
+from kernels.double_backward import eager_backward
 from kernels.providers import provider_ops
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output_like,
                               op_only_cost, register_kernel, register_op_cost)
@@ -100,7 +100,7 @@ class _RopeFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_q, grad_k):
         cos32, sin32 = ctx.saved_tensors
-        if create_graph():  # linear in the grads: the transpose from eager ops is differentiable
+        if eager_backward(grad_q, grad_k):  # linear in the grads: the transpose from eager ops is differentiable
             return (None, _rotate_back_eager(grad_q, cos32, sin32) if grad_q is not None and ctx.needs_input_grad[1] else None,
                     _rotate_back_eager(grad_k, cos32, sin32) if grad_k is not None and ctx.needs_input_grad[2] else None,
                     None, None)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.double_backward import create_graph
+from kernels.double_backward import eager_backward
 from kernels.providers import provider_ops
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output,
                               op_only_cost, register_kernel, register_op_cost)
@@ -85,7 +85,7 @@ class _SoftmaxFn(torch.autograd.Function):
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
         want_mask = ctx.needs_input_grad[2]
-        if create_graph():  # eager ops on the saved output (whose grad_fn is this node): differentiable
+        if eager_backward(grad):  # eager ops on the saved output (whose grad_fn is this node): differentiable
             yf = y.float()
             grad_s = (yf * (grad.float() - (grad.float() * yf).sum(-1, keepdim=True))).to(y.dtype)
             grad_mask = grad_s.sum_to_size(ctx.mask_shape) if want_mask else None

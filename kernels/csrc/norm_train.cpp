@@ -137,7 +137,13 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
     return {o.sum, o.y};
   }
 
-  // create_graph=True: kernels/norm_function.py's eager_grads (registered from Python as
+  // Grads under vmap (autograd.grad(is_grads_batched=True), autograd.functional's vectorize=True):
+  // the row kernels have no batching rules.
+  static bool batched(const at::Tensor& t) {
+    return t.defined() && t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Batched, c10::DispatchKey::FuncTorchBatched}));
+  }
+
+  // create_graph=True or batched grads: kernels/norm_function.py's eager_grads (registered from Python as
   // fusionlens::norm_eager_grads, a composite op) differentiates the reference at the saved x (or
   // sum) with a graph, so a second derivative keeps this norm's term.
   static variable_list eager_backward(AutogradContext* ctx, const variable_list& saved, const variable_list& grads) {
@@ -165,11 +171,11 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
   }
 
   // The Python backward of kernels/norm_function.py, line for line. Its kernels are called
-  // directly (no autograd graph); with create_graph=True the grads come from the reference
-  // composition instead (eager_backward).
+  // directly (no autograd graph); with create_graph=True or batched grads they come from the
+  // reference composition instead (eager_backward).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    if (at::GradMode::is_enabled()) return eager_backward(ctx, saved, grads);
+    if (at::GradMode::is_enabled() || batched(grads[0]) || batched(grads[1])) return eager_backward(ctx, saved, grads);
     const at::Tensor &input = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
     const auto flags = ctx->saved_data["flags"].toBoolList();
     const bool rms = flags[0], llama_cast = flags[1], fused_add = flags[2];

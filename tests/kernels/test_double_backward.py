@@ -16,7 +16,6 @@ import torch
 
 import kernels
 from kernels import norms
-from kernels.norm_function import apply_norm
 from tests.kernels.test_rope import tables
 
 pytestmark = pytest.mark.usefixtures("cpu_provider")
@@ -153,14 +152,6 @@ NORMS = {
 
 def _times(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return s * y
-
-
-@pytest.fixture(params=["cpp", "python"])
-def norm_road(request, monkeypatch) -> str:
-    """The cpu provider's two training roads: the C++ node (norm_train) and the Python Function."""
-    if request.param == "python":
-        monkeypatch.setattr(norms, "apply_norm", lambda *a, **k: apply_norm(*a, **{**k, "cpp_autograd": False}))
-    return request.param
 
 
 def _hvp_with_weight(f, x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:

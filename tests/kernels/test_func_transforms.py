@@ -146,3 +146,39 @@ def test_forward_mode_ad_keeps_the_tangent(name) -> None:
     torch.testing.assert_close(primal, want_y)
     torch.testing.assert_close(tangent, want_t)
     torch.testing.assert_close(primal, f(x))  # outside the level: our provider, the same values
+
+
+# ---- batched grads: the backward under vmap -------------------------------------------------
+# `torch.autograd.grad(..., is_grads_batched=True)` and autograd.functional's jacobian/hessian with
+# vectorize=True run a plain forward, then the backward under vmap. The kernels' backward library
+# ops have no batching rules: every one of these raised "Batching rule not implemented for
+# fusionlens::..._bwd". Now a backward given batched grads uses eager ops (double_backward.py).
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_vectorized_jacobian_equals_the_loop(name, norm_road) -> None:
+    f = CALLS[name]
+    x = _x(7, H)
+    got = torch.autograd.functional.jacobian(f, x, vectorize=True)
+    want = torch.autograd.functional.jacobian(f, x)  # one plain backward per output: the kernels
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_rms_norm", "softmax", "gelu", "cross_entropy"])
+def test_vectorized_hessian_equals_the_loop(name, norm_road) -> None:
+    """create_graph=True and batched grads together."""
+    f = CALLS[name]
+    x = _x(3, H) if name != "cross_entropy" else _x(7, H)
+    loss = (lambda t: _weighted_sum(f(t) ** 2)) if name != "cross_entropy" else (lambda t: f(t))
+    got = torch.autograd.functional.hessian(loss, x, vectorize=True)
+    want = torch.autograd.functional.hessian(loss, x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_is_grads_batched_equals_one_backward_per_grad(norm_road) -> None:
+    x = _x(7, H).requires_grad_()
+    ys = [CALLS[n](x) for n in ("layer_norm", "rms_norm", "swiglu", "softmax")]
+    for y in ys:
+        vs = torch.randn(4, *y.shape, generator=torch.Generator().manual_seed(1))
+        (got,) = torch.autograd.grad(y, x, vs, is_grads_batched=True, retain_graph=True)
+        want = torch.stack([torch.autograd.grad(y, x, v, retain_graph=True)[0] for v in vs])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
