@@ -133,7 +133,8 @@ struct NormTrain : public torch::autograd::Function<NormTrain> {
     ctx->saved_data["eps_offset"] = std::vector<double>{eps, offset};
     ctx->saved_data["flags"] = std::vector<bool>{rms, llama_cast, residual.defined(), poison};
     ctx->saved_data["hp"] = std::vector<int64_t>{hp_min, hp_bytes, pool_min};
-    if (!residual.defined()) ctx->mark_non_differentiable({o.sum});
+    // Without a residual the first output is an empty placeholder that Python drops; it is not
+    // marked non-differentiable: compiled autograd takes no C++ node with such outputs.
     return {o.sum, o.y};
   }
 

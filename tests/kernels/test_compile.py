@@ -342,3 +342,37 @@ def test_same_tensor_twice_compiles_to_one_graph(cpu_provider, case: str) -> Non
     (got ** 2).sum().backward()
     (want ** 2).sum().backward()
     torch.testing.assert_close(x.grad, xe.grad, rtol=1e-5, atol=1e-6)
+
+
+def _all_families_loss(params: list, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """One loss through every family (the norms on whichever road the fixture picks)."""
+    lin_w, lin_b, w, b, vocab = params
+    h = torch.nn.functional.linear(x, lin_w, lin_b)
+    s, y = kernels.add_rms_norm(h, h.sin(), w)
+    z = kernels.layer_norm(y, w, b) + kernels.add_layer_norm(s, y, w, b)[1] + kernels.rms_norm(s, w, offset=1.0)
+    z = kernels.swiglu(z, kernels.bias_gelu(z, b, approximate="tanh"))
+    cos, sin = torch.cos(torch.arange(8.0)[:, None] * torch.ones(32)), torch.sin(torch.arange(8.0)[:, None] * torch.ones(32))
+    q, k = kernels.rope(z.view(1, 1, 8, 32), z.view(1, 1, 8, 32) * 2, cos, sin)
+    z = kernels.softmax((q + k).view(8, 32), scale=0.5, causal=True)
+    return kernels.cross_entropy(z * 3, target) + kernels.fused_linear_cross_entropy(z, vocab, target, chunk_size=3)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_autograd_over_an_eager_forward(cpu_provider, norm_road, backend: str) -> None:
+    """Compiled autograd traces the backward graph of an eager forward, our nodes in it. The norms'
+    C++ node marked its placeholder output non-differentiable, which compiled autograd refuses
+    (an internal assert) until 2026-12-01."""
+    from torch._dynamo import compiled_autograd
+
+    g = torch.Generator().manual_seed(4)
+    params = [torch.randn(32, 16, generator=g) * 0.3, torch.randn(32, generator=g), torch.rand(32, generator=g) + 0.5,
+              torch.randn(32, generator=g), torch.randn(11, 32, generator=g) * 0.1]
+    params = [p.requires_grad_() for p in params]
+    x, target = torch.randn(8, 16, generator=g), torch.tensor([1, 2, 3, -100, 5, 10, 0, 4])
+    want = torch.autograd.grad(_all_families_loss(params, x, target), params)
+    torch._dynamo.reset()
+    with compiled_autograd._enable(torch.compile(backend=backend)):
+        got = torch.autograd.grad(_all_families_loss(params, x, target), params)
+    torch._dynamo.reset()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
