@@ -40,6 +40,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 HUGEPAGE_BYTES = 2 << 20  # x86-64 / arm64 (4 KiB base pages) PMD size; read from /sys when present
 HUGEPAGE_MIN_BYTES = 4 << 20  # measured: below this the aligned interior is < 1 huge page on average
@@ -170,7 +171,10 @@ def attach_pool() -> None:
     """Called once the C++ extension is loaded: configure its pool and route large CPU outputs to it."""
     global _pool_op
     ops = torch.ops.fusionlens
-    ops.pool_configure(pool_cap_bytes(), POOL_MIN_BYTES, hugepage_status() is None)
+    # outside any dispatch mode: when the first call is traced (torch.export, a FLOPs recorder),
+    # the mode would record the configuration as one of the model's ops
+    with _disable_current_modes():
+        ops.pool_configure(pool_cap_bytes(), POOL_MIN_BYTES, hugepage_status() is None)
     _pool_op = ops.empty_pooled.default
 
 

@@ -227,6 +227,27 @@ def test_torch_export_keeps_our_ops(cpu_provider) -> None:
     torch.testing.assert_close(exported.module()(x), block(x), rtol=0, atol=0)
 
 
+_EXPORT_FIRST = """
+import json, torch, kernels
+from tests.kernels.test_compile import _Block
+torch.manual_seed(0)
+block = _Block()
+exported = torch.export.export(block, (torch.randn(4, 64),))
+print(json.dumps(sorted(str(n.target) for n in exported.graph.nodes if "fusionlens" in str(n.target))))
+"""
+
+
+def test_torch_export_as_the_first_call_records_only_compute_ops(cpu_provider) -> None:
+    """In a fresh process the export's trace loads the extension: the pool's configuration ran
+    under the tracing mode and was recorded as one of the model's ops (until 2026-12-01)."""
+    run = subprocess.run([sys.executable, "-c", _EXPORT_FIRST], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    called = json.loads(run.stdout.strip().splitlines()[-1])
+    assert called == ["fusionlens.act_fwd.default", "fusionlens.layer_norm_fwd.default",
+                      "fusionlens.softmax_fwd.default"], called
+
+
 def test_jit_trace_runs_the_order_and_replays(cpu_provider, monkeypatch, tmp_path) -> None:
     """torch.jit.trace: sizes are traced values there, so the provider choice takes the order
     without computing a shape key (it raised AttributeError before). check_trace is off: the
