@@ -57,7 +57,7 @@ def _cpu(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, 
          grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb):
     """The C++ step; its clipping divisor is a one-element tensor (a float is wrapped in one)."""
     if not isinstance(grad_divisor, torch.Tensor):
-        grad_divisor = torch.full((), float(grad_divisor), dtype=torch.float64)
+        grad_divisor = torch.full((), float(grad_divisor), dtype=torch.float64, device="cpu")
     cpu_ops().lamb_step_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
                          grad_divisor, bias_correction, adam_w_mode, grad_averaging, use_nvlamb)
 
@@ -160,7 +160,7 @@ class LAMB(torch.optim.Optimizer):
 
     @staticmethod
     def _init_state(p: torch.Tensor, st: dict) -> None:
-        st["step"] = torch.tensor(0.0, dtype=torch.float32)
+        st["step"] = torch.tensor(0.0, dtype=torch.float32, device="cpu")  # host math: not the default device
         st["exp_avg"] = oc.zeros_state(p)
         st["exp_avg_sq"] = oc.zeros_state(p)
 

@@ -270,12 +270,12 @@ class ChunkTable:
     """Per program (tensor index, first element); per tensor numel and chunk range [first, end)."""
 
     def __init__(self, numels: Sequence[int], device: torch.device) -> None:
-        n = torch.tensor(numels, dtype=torch.int64)
+        n = torch.tensor(numels, dtype=torch.int64, device="cpu")  # host tables: not the default device
         counts = (n + BLOCK - 1) // BLOCK  # chunks per tensor
         self.n_chunks = int(counts.sum())
-        chunk_t = torch.repeat_interleave(torch.arange(len(numels)), counts)  # [n_chunks]
+        chunk_t = torch.repeat_interleave(torch.arange(len(numels), device="cpu"), counts)  # [n_chunks]
         first = torch.cumsum(counts, 0) - counts  # first chunk of each tensor
-        chunk_s = (torch.arange(self.n_chunks) - first[chunk_t]) * BLOCK
+        chunk_s = (torch.arange(self.n_chunks, device="cpu") - first[chunk_t]) * BLOCK
         self.first = _to_device(first, device)
         self.end = _to_device(first + counts, device)  # one past each tensor's last chunk
         self.numels = _to_device(n, device)
@@ -304,7 +304,7 @@ def all_aligned(columns: Iterable[Sequence[int]], align_bytes: int = ALIGN_BYTES
 def _pointer_table(columns: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, bool]:
     """([n_tensors, SLOTS] int64 table on device: the 5 data pointers and the aligned flag; ALIGNED)."""
     flags = aligned_rows(columns)
-    table = torch.tensor(columns + (flags,), dtype=torch.int64).reshape(SLOTS, -1).t().contiguous()
+    table = torch.tensor(columns + (flags,), dtype=torch.int64, device="cpu").reshape(SLOTS, -1).t().contiguous()
     return _to_device(table, device), all(flags)
 
 

@@ -418,3 +418,43 @@ def test_cuda_optimizer_steps_never_synchronize(name: str) -> None:
                [[g.cuda() for g in grads] for grads in seq], torch.float32)
     for p, w in zip(params, want):
         torch.testing.assert_close(p.detach(), w, rtol=1e-5, atol=1e-6)
+
+
+_DEFAULT_DEVICE_SCRIPT = """
+import torch, kernels
+ps = [torch.nn.Parameter(torch.randn(33, 7)), torch.nn.Parameter(torch.randn(5))]
+for p in ps:
+    p.grad = torch.randn(p.shape)
+qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+for q, p in zip(qs, ps):
+    q.grad = p.grad.clone()
+want = [[t.detach().clone() for t in group] for group in (ps, qs)]
+opts = [kernels.AdamW(ps, lr=1e-2, provider="{provider}"), kernels.LAMB(qs, lr=1e-2, provider="{provider}")]
+ref = [kernels.AdamW([torch.nn.Parameter(t) for t in want[0]], lr=1e-2, provider="reference"),
+       kernels.LAMB([torch.nn.Parameter(t) for t in want[1]], lr=1e-2, provider="reference")]
+for o, r in zip(ref, (ps, qs)):
+    for p, q in zip(o.param_groups[0]["params"], r):
+        p.grad = q.grad.clone()
+    o.step()
+with torch.device("meta"):  # a default device (as model-building code sets) must not reach the steps
+    for o in opts:
+        o.step()
+for o, group in zip(ref, (ps, qs)):
+    for p, q in zip(o.param_groups[0]["params"], group):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("provider", ["cpu", "triton"])
+def test_first_step_under_a_default_device(cpu_provider, provider: str) -> None:
+    """Step state and host tables are made on the CPU, not on torch's default device: a first
+    step inside `with torch.device(...)` raised before (steps on that device; for triton, its
+    host chunk tables too)."""
+    code = _DEFAULT_DEVICE_SCRIPT.replace("{provider}", provider)
+    if provider == "triton":
+        if importlib.util.find_spec("triton") is None:
+            pytest.skip("triton not installed")
+        assert run_in_triton_interpreter(code).strip().splitlines()[-1] == "ok"
+    else:
+        exec(compile(code, "<default-device>", "exec"), {})
