@@ -10,7 +10,9 @@ for create_graph=True) either
 - raises at once (`refuse`: fused_linear_cross_entropy, whose forward computed the gradients and
   saved them), naming the kernel and the providers that can.
 
-The usual backward (create_graph=False) is untouched.
+A backward given batched grads (autograd.grad's is_grads_batched, autograd.functional's
+vectorize=True: it runs under vmap, where library ops have no batching rules) takes the same eager
+road (`eager_backward`). The usual backward (create_graph=False, plain grads) is untouched.
 """
 from __future__ import annotations
 
