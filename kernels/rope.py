@@ -10,7 +10,10 @@ Layout:
   usual `proj(x).view(B, S, H, D).transpose(1, 2)` costs no copy. Outputs are contiguous.
 - cos, sin: [seq, head_dim] (shared by the batch), [batch, seq, head_dim] (what HF's rotary
   module returns; unsqueezed on the head dim, as HF's unsqueeze_dim=1 does), or already
-  [batch or 1, 1, seq, head_dim]. They are not learned: no gradient flows to them. Dtypes promote
+  [batch or 1, 1, seq, head_dim]. They are not learned: no gradient flows to them.
+- Seq-first: q [batch, seq, heads, head_dim] with cos/sin [batch or 1, seq, 1, head_dim] (HF's
+  unsqueeze_dim=2, flash-attention layouts) runs the same kernels on transposed views; outputs are
+  contiguous in that layout, as eager's. Dtypes promote
   as in eager: fp32 tables with a bf16/fp16 q give fp32 outputs (q is converted first, so the
   kernel runs in fp32; a single pass still replaces eager's five).
 
@@ -114,20 +117,42 @@ def _out_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.d
     return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
 
 
+def _seq_first(q: torch.Tensor, cos: torch.Tensor) -> bool:
+    """cos/sin [batch or 1, seq, 1, head_dim] against q [batch, seq, heads, head_dim]: the table's
+    third dim is 1 where q's (heads) is not. (Heads-first tables have seq there; at seq 1 both
+    readings broadcast the same way.)"""
+    return cos.dim() == 4 and q.dim() == 4 and cos.shape[2] == 1 and q.shape[2] != 1
+
+
+def _heads_first(q, k, cos, sin) -> tuple:
+    """The seq-first layout as [batch, heads, seq, head_dim] views (no copy); others as given."""
+    if not _seq_first(q, cos):
+        return q, k, cos, sin
+    return tuple(t.transpose(1, 2) for t in (q, k, cos, sin))
+
+
 def _provider(name: str):
     def run(q, k, cos, sin):
         ops = _ops(name)
+        seq_first = _seq_first(q, cos)
+        q, k, cos, sin = _heads_first(q, k, cos, sin)
         q, k = (t.to(_out_dtype(t, cos, sin)) for t in (q, k))  # no copy when the dtype is kept
         cos32, sin32 = _table(cos), _table(sin)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-            return _RopeFn.apply(ops, q, k, cos32, sin32)
-        return _rotate(ops, q, cos32, sin32, False), _rotate(ops, k, cos32, sin32, False)
+            out = _RopeFn.apply(ops, q, k, cos32, sin32)
+        else:
+            out = _rotate(ops, q, cos32, sin32, False), _rotate(ops, k, cos32, sin32, False)
+        # the outputs took the views' memory order: transposed back, they are contiguous again
+        return tuple(t.transpose(1, 2) for t in out) if seq_first else out
     run.__name__ = f"{name}_rope"
     return run
 
 
 # ---------------------------------------------------------------- support checks and costs
 def _check(q, k, cos, sin) -> str | None:
+    if q.dim() != 4 or k.dim() != 4:
+        return f"q and k must be [batch, heads, seq, head_dim] (got {q.dim()}-d and {k.dim()}-d)"
+    q, k, cos, sin = _heads_first(q, k, cos, sin)
     if q.dim() != 4 or k.dim() != 4:
         return f"q and k must be [batch, heads, seq, head_dim] (got {q.dim()}-d and {k.dim()}-d)"
     b, _, s, d = q.shape

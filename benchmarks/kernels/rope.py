@@ -2,7 +2,8 @@
 
 q and k at [batch 4, heads 12, seq 512, head_dim 64] fp32 (FL_BENCH_QUICK=1: [2, 12, 128, 64]),
 laid out as HF attention makes them (`proj(x).view(B, S, H, D).transpose(1, 2)`, non-contiguous),
-cos/sin [B, S, D] from HF's rotary module; forward (no_grad) and forward+backward.
+cos/sin [B, S, D] from HF's rotary module; forward (no_grad) and forward+backward. A seq-first
+case too: q, k contiguous [B, S, H, D] with cos/sin [B, S, 1, D] (HF's unsqueeze_dim=2).
 Variants: naive = HF `apply_rotary_pos_emb` (rotate_half with slice/neg/cat; there is no ATen
 fused op), ours (provider="cpu"), and torch.compile of the naive one (added by the driver).
 """
@@ -53,23 +54,28 @@ def _liger() -> dict:
 
 
 def _case(b: int, h: int, s: int, d: int, dtype: torch.dtype, backward: bool, device: str = "cpu",
-          provider: str = "cpu") -> dict:
-    t = _tensors(b, h, s, d, dtype, device)
-    # HF layout: [B, S, H, D] -> [B, H, S, D] views
-    q = t["q"].detach().clone().requires_grad_(backward).transpose(1, 2)
-    k = t["k"].detach().clone().requires_grad_(backward).transpose(1, 2)
-    dq, dk = t["dq"].transpose(1, 2).contiguous(), t["dk"].transpose(1, 2).contiguous()
+          provider: str = "cpu", seq_first: bool = False) -> dict:
+    t = dict(_tensors(b, h, s, d, dtype, device))
+    q, k = (t[n].detach().clone().requires_grad_(backward) for n in ("q", "k"))
+    if seq_first:  # q, k [B, S, H, D] as they are, tables [B, S, 1, D]
+        t["cos"], t["sin"] = t["cos"].unsqueeze(2), t["sin"].unsqueeze(2)
+        dq, dk = t["dq"], t["dk"]
+    else:  # HF layout: [B, S, H, D] -> [B, H, S, D] views
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        dq, dk = t["dq"].transpose(1, 2).contiguous(), t["dk"].transpose(1, 2).contiguous()
     fns = {"naive": rp.rope_reference, **(_liger() if device == "cuda" else {}),
            "ours": lambda q, k, c, s_: kernels.rope(q, k, c, s_, provider=provider)}
     cost = KERNELS["rope"].cost(q, k, t["cos"], t["sin"])
     e = 2 * q.numel() * q.element_size()
     variants = {name: _step(fn, q, k, t["cos"], t["sin"], backward, dq, dk) for name, fn in fns.items()}
     return {
-        "kernel": "rope", "pass": "fwd+bwd" if backward else "fwd", "shape": f"{b}x{h}x{s}x{d} (q and k)",
+        "kernel": "rope seq-first" if seq_first else "rope", "pass": "fwd+bwd" if backward else "fwd",
+        "shape": f"{b}x{s}x{h}x{d} (q and k)" if seq_first else f"{b}x{h}x{s}x{d} (q and k)",
         "dtype": str(dtype).replace("torch.", ""), "variants": variants,
         "compile": lambda: _step(torch.compile(rp.rope_reference), q, k, t["cos"], t["sin"], backward, dq, dk),
         "baseline": "naive", "bytes": float(cost.bytes_fused + (2 * e if backward else 0)),
-        "notes": f"bytes_fused={cost.bytes_fused:.0f}; bytes_unfused={cost.bytes_unfused:.0f}; q/k transposed views",
+        "notes": f"bytes_fused={cost.bytes_fused:.0f}; bytes_unfused={cost.bytes_unfused:.0f}; "
+                 + ("q/k [B, S, H, D], tables [B, S, 1, D]" if seq_first else "q/k transposed views"),
     }
 
 
@@ -77,7 +83,8 @@ def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
     shape = (2, 12, 128, 64) if quick else (4, 12, 512, 64)
     dtypes = [getattr(torch, d) for d in os.environ.get("FL_BENCH_DTYPES", "float32").split(",")]
-    return [_case(*shape, dt, bwd) for dt in dtypes for bwd in (False, True)]
+    return ([_case(*shape, dt, bwd) for dt in dtypes for bwd in (False, True)]
+            + [_case(*shape, dtypes[0], bwd, seq_first=True) for bwd in (False, True)])
 
 
 def gpu_cases(device: str = "cuda") -> list[dict]:

@@ -198,14 +198,18 @@ def run_interpreted() -> int:
     cos, sin = tables(3, 8, torch.float32)
     check_against_reference(lambda q, k: kernels.rope(q, k, cos, sin, provider="triton"),
                             lambda q, k: rp.rope_reference(q, k, cos, sin), [q, k], torch.bfloat16)
-    return count + 4
+    q, k = make((2, 3, 4, 8), torch.float32, seed=1), make((2, 3, 2, 8), torch.float32, seed=2)  # seq-first
+    cos, sin = (t.unsqueeze(2) for t in tables(3, 8, torch.float32, batch=2))
+    check("triton", q, k, cos, sin, torch.float32)
+    assert kernels.rope(q, k, cos, sin, provider="triton")[0].is_contiguous()
+    return count + 5
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
 def test_triton_interpreted() -> None:
     out = run_in_triton_interpreter("from tests.kernels.test_rope import run_interpreted\nprint(run_interpreted())")
-    assert int(out.strip().splitlines()[-1]) == 3 * 6 + 4
+    assert int(out.strip().splitlines()[-1]) == 3 * 6 + 5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
@@ -234,3 +238,20 @@ def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> No
             check("cpu", q, k, *tables(s, d, dtype, batch=b), dtype)
     q, k = qk(1, 2, 2, 3, 34, torch.float32)
     check("cpu", with_nonfinite(q), k, *tables(3, 34, torch.float32), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 4, 2, 17, 64), (1, 3, 3, 1, 8), (2, 2, 1, 5, 4098)], ids=str)
+@pytest.mark.parametrize("batch_tables", [True, False], ids=["per_batch", "shared"])
+def test_seq_first_layout(shape, batch_tables: bool, dtype) -> None:
+    """q [B, S, H, D] with cos/sin [B or 1, S, 1, D] (HF's unsqueeze_dim=2): the reference ran
+    before; now the kernels on transposed views, outputs contiguous in that layout as eager's
+    (decode steps, seq 1, included)."""
+    b, hq, hk, s, d = shape
+    q, k = make((b, s, hq, d), dtype, seed=1), make((b, s, hk, d), dtype, seed=2)
+    cos, sin = tables(s, d, dtype, batch=b if batch_tables else None)
+    cos, sin = (t.unsqueeze(2) if batch_tables else t[None, :, None] for t in (cos, sin))
+    assert select_provider(KERNELS["rope"], (q, k, cos, sin), {}, "cpu")[0] == "cpu"
+    check("cpu", q, k, cos, sin, dtype)
+    q2, k2 = kernels.rope(q, k, cos, sin, provider="cpu")
+    assert q2.shape == q.shape and q2.is_contiguous() and k2.is_contiguous()
