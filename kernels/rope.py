@@ -152,9 +152,7 @@ def _provider(name: str):
 def _check(q, k, cos, sin) -> str | None:
     if q.dim() != 4 or k.dim() != 4:
         return f"q and k must be [batch, heads, seq, head_dim] (got {q.dim()}-d and {k.dim()}-d)"
-    q, k, cos, sin = _heads_first(q, k, cos, sin)
-    if q.dim() != 4 or k.dim() != 4:
-        return f"q and k must be [batch, heads, seq, head_dim] (got {q.dim()}-d and {k.dim()}-d)"
+    q, k, cos, sin = _heads_first(q, k, cos, sin)  # seq-first: checked as the views the kernels get
     b, _, s, d = q.shape
     if (k.shape[0], k.shape[2], k.shape[3]) != (b, s, d):
         return f"k {tuple(k.shape)} does not match q {tuple(q.shape)} outside the head dim"
