@@ -336,10 +336,11 @@ class GELU(nn.Module):
 class BiasGELU(nn.Module):
     """gelu(x + bias) with a learned bias of size `features` (pair with a bias-free Linear)."""
 
-    def __init__(self, features: int, approximate: str = "none", provider: str | None = None) -> None:
+    def __init__(self, features: int, approximate: str = "none", provider: str | None = None,
+                 device=None, dtype=None) -> None:
         super().__init__()
         _gelu_kind(approximate)
-        self.bias = nn.Parameter(torch.zeros(features))
+        self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
         self.approximate, self.provider = approximate, provider
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -201,6 +201,9 @@ def test_modules() -> None:
     torch.testing.assert_close(act.GeGLU()(x), F.gelu(a) * b)
     assert repr(act.GELU("tanh")) == "GELU(approximate='tanh', provider=None)"  # as nn.GELU's says it
     assert "approximate='tanh'" in repr(act.GeGLU("tanh")) and "features=10" in repr(act.BiasGELU(10))
+    # factory kwargs as torch's modules take them (models built on meta, in bf16)
+    assert act.BiasGELU(10, device="meta").bias.device.type == "meta"
+    assert act.BiasGELU(10, dtype=torch.bfloat16).bias.dtype == torch.bfloat16
 
 
 def run_interpreted() -> int:
