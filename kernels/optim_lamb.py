@@ -106,30 +106,32 @@ SPEC = register_kernel(KernelSpec(
 ))
 
 
-def device_grad_divisor(grads: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
+def device_grad_divisor(grads: list[torch.Tensor], max_grad_norm: float, *, cpp: bool = True) -> torch.Tensor:
     """max(1, ||g|| / max_grad_norm) over the grads of one device as a 0-dim fp64 tensor there,
     with no host read: a GPU step stays asynchronous (apex's FusedLAMB keeps the norm on the GPU
-    too) and a compiled step one graph. The norm is global_grad_norm's, to the bit."""
-    return torch.clamp(_device_sumsq(grads).sqrt() / max_grad_norm, min=1.0)
+    too) and a compiled step one graph. The norm is global_grad_norm's, to the bit.
+    cpp=False: never the C++ reduction (nor its build), as for provider="reference"."""
+    return torch.clamp(_device_sumsq(grads, cpp).sqrt() / max_grad_norm, min=1.0)
 
 
-def _device_sumsq(grads: list[torch.Tensor]) -> torch.Tensor:
+def _device_sumsq(grads: list[torch.Tensor], cpp: bool = True) -> torch.Tensor:
     """Sum of squares over the grads of one device as a 0-dim fp64 tensor there: dense CPU grads
-    by the C++ multi-tensor reduction (fp64 across chunks) where the extension builds, others by
-    torch._foreach_norm in fp32 (fp64 grads in fp64), squared and summed in fp64."""
-    if all(g.device.type == "cpu" and oc.is_dense(g) for g in grads) and provider_unavailable_reason("cpu") is None:
+    by the C++ multi-tensor reduction (fp64 across chunks) where the extension builds and cpp is
+    set, others by torch._foreach_norm in fp32 (fp64 grads in fp64), squared and summed in fp64."""
+    if (cpp and all(g.device.type == "cpu" and oc.is_dense(g) for g in grads)
+            and provider_unavailable_reason("cpu") is None):
         return cpu_ops().multi_sumsq(grads).sum()
     norms = torch._foreach_norm([g if g.dtype == torch.float64 else g.float() for g in grads])
     return torch.stack([n.double() for n in norms]).square().sum()
 
 
-def global_grad_norm(grads: list[torch.Tensor]) -> float:
+def global_grad_norm(grads: list[torch.Tensor], *, cpp: bool = True) -> float:
     """sqrt(sum of squares) over all grads (fp64 on CPU; torch._foreach_norm elsewhere)."""
     if not grads:
         return 0.0
     total = 0.0
     for device in dict.fromkeys(g.device for g in grads):  # one host read per device, in first-seen order
-        total += float(_device_sumsq([g for g in grads if g.device == device]))
+        total += float(_device_sumsq([g for g in grads if g.device == device], cpp))
     return math.sqrt(total)
 
 
@@ -170,8 +172,8 @@ class LAMB(torch.optim.Optimizer):
             return 1.0
         grads = [g for buckets in all_buckets for b in buckets.values() for g in b.grads]
         if len({g.device for g in grads}) == 1:
-            return device_grad_divisor(grads, self.max_grad_norm)
-        norm = global_grad_norm(grads)
+            return device_grad_divisor(grads, self.max_grad_norm, cpp=self.provider != "reference")
+        norm = global_grad_norm(grads, cpp=self.provider != "reference")
         return norm / self.max_grad_norm if norm > self.max_grad_norm else 1.0
 
     @torch.no_grad()

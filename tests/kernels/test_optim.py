@@ -458,3 +458,22 @@ def test_first_step_under_a_default_device(cpu_provider, provider: str) -> None:
         assert run_in_triton_interpreter(code).strip().splitlines()[-1] == "ok"
     else:
         exec(compile(code, "<default-device>", "exec"), {})
+
+
+def test_reference_lamb_never_reaches_the_cpp_extension(monkeypatch) -> None:
+    """provider="reference" asks for plain PyTorch: its clipping norm no longer probes (and so
+    builds) the C++ extension; the divisor agrees with the C++ one within fp32 rounding."""
+    from kernels import optim_lamb
+
+    def no_cpp(*_args):
+        raise AssertionError("the reference LAMB reached the C++ extension")
+
+    ps = [nn.Parameter(torch.randn(40, 9)), nn.Parameter(torch.randn(13))]
+    for p in ps:
+        p.grad = torch.randn(p.shape) * 3
+    want = float(optim_lamb.device_grad_divisor([p.grad for p in ps], 1.0))
+    monkeypatch.setattr(optim_lamb, "provider_unavailable_reason", no_cpp)
+    monkeypatch.setattr(optim_lamb, "cpu_ops", no_cpp)
+    LAMB(ps, lr=1e-2, provider="reference").step()
+    got = float(optim_lamb.device_grad_divisor([p.grad for p in ps], 1.0, cpp=False))
+    assert got == pytest.approx(want, rel=1e-6)
