@@ -38,8 +38,9 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
     the factor those grads still need (None: already applied).
 
     Eager: the mean's 1/n_valid goes into the kernel (one sync: the count is read on the host).
-    Under torch.compile (and for fake tensors) the count stays a tensor, so the graph does not break: the kernel scales
-    by 1 and the factor is applied in backward, where the upstream grad multiplies them anyway.
+    Under torch.compile (and for fake tensors) the count stays a tensor, so the graph does not
+    break: the kernel scales by 1 and the factor is applied in backward, where the upstream grad
+    multiplies them anyway.
     """
     ops = ROW_OPS[provider]
     n, _ = x.shape

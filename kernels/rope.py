@@ -13,9 +13,9 @@ Layout:
   [batch or 1, 1, seq, head_dim]. They are not learned: no gradient flows to them.
 - Seq-first: q [batch, seq, heads, head_dim] with cos/sin [batch or 1, seq, 1, head_dim] (HF's
   unsqueeze_dim=2, flash-attention layouts) runs the same kernels on transposed views; outputs are
-  contiguous in that layout, as eager's. Dtypes promote
-  as in eager: fp32 tables with a bf16/fp16 q give fp32 outputs (q is converted first, so the
-  kernel runs in fp32; a single pass still replaces eager's five).
+  contiguous in that layout, as eager's.
+- Dtypes promote as in eager: fp32 tables with a bf16/fp16 q give fp32 outputs (q is converted
+  first, so the kernel runs in fp32; a single pass still replaces eager's five).
 
 Backward applies the transposed rotation to the incoming gradient:
 grad_x1 = g1 * cos1 + g2 * sin2, grad_x2 = g2 * cos2 - g1 * sin1.
