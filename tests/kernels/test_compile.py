@@ -372,7 +372,8 @@ def _all_families_loss(params: list, x: torch.Tensor, target: torch.Tensor) -> t
     s, y = kernels.add_rms_norm(h, h.sin(), w)
     z = kernels.layer_norm(y, w, b) + kernels.add_layer_norm(s, y, w, b)[1] + kernels.rms_norm(s, w, offset=1.0)
     z = kernels.swiglu(z, kernels.bias_gelu(z, b, approximate="tanh"))
-    cos, sin = torch.cos(torch.arange(8.0)[:, None] * torch.ones(32)), torch.sin(torch.arange(8.0)[:, None] * torch.ones(32))
+    angles = torch.arange(8.0)[:, None] * torch.ones(32)  # [seq, head_dim]
+    cos, sin = angles.cos(), angles.sin()
     q, k = kernels.rope(z.view(1, 1, 8, 32), z.view(1, 1, 8, 32) * 2, cos, sin)
     z = kernels.softmax((q + k).view(8, 32), scale=0.5, causal=True)
     return kernels.cross_entropy(z * 3, target) + kernels.fused_linear_cross_entropy(z, vocab, target, chunk_size=3)
