@@ -12,7 +12,6 @@ parameter's (e.g. a transposed grad) are copied into the parameter's layout firs
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -63,7 +62,7 @@ def grad_like_param(p: torch.Tensor) -> torch.Tensor:
 
 def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucket]:
     """Buckets {(device, dtype, dense): Bucket} of the group's params with grads (state inited)."""
-    buckets: dict[tuple, Bucket] = defaultdict(Bucket)
+    buckets: dict[tuple, Bucket] = {}  # not defaultdict(Bucket): torch 2.11's Dynamo cannot trace that
     for p in group["params"]:
         if p.grad is None:
             continue
@@ -71,7 +70,10 @@ def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucke
         st = state[p]
         if len(st) == 0:
             init_state(p, st)
-        b = buckets[(p.device, p.dtype, is_dense(p))]
+        key = (p.device, p.dtype, is_dense(p))
+        if key not in buckets:
+            buckets[key] = Bucket()
+        b = buckets[key]
         b.params.append(p)
         b.grads.append(grad_like_param(p))
         b.states.append(st)
