@@ -119,7 +119,7 @@ class AdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _init_state(p: torch.Tensor, st: dict, amsgrad: bool) -> None:
-        st["step"] = torch.tensor(0.0, dtype=torch.float32, device="cpu")  # host math: not the default device
+        st["step"] = oc.step_state()
         st["exp_avg"] = oc.zeros_state(p)
         st["exp_avg_sq"] = oc.zeros_state(p)
         if amsgrad:

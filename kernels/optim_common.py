@@ -80,6 +80,12 @@ def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucke
     return buckets
 
 
+def step_state() -> torch.Tensor:
+    """A fresh step counter: an fp32 scalar on the CPU, where the steps' host math reads it (not
+    on torch's default device, which model-building code may have set)."""
+    return torch.tensor(0.0, dtype=torch.float32, device="cpu")
+
+
 def zeros_state(p: torch.Tensor) -> torch.Tensor:
     """A state tensor in p's layout (preserve_format keeps a dense permuted layout)."""
     return torch.zeros_like(p, memory_format=torch.preserve_format)
