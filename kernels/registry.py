@@ -243,8 +243,9 @@ def new_output(shape: tuple[int, ...] | torch.Size, like: torch.Tensor,
 
 def new_output_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A dense output of x's shape laid out in x's dimension order (eager's preserve_format), through
-    `new_output`: a kernel that reads x in memory order then writes its output in the same order."""
-    if x.is_contiguous():
+    `new_output`: a kernel that reads x in memory order then writes its output in the same order.
+    An expanded x (a broadcast, stride-0 dim) has no such order: its output is contiguous, as eager's."""
+    if x.is_contiguous() or any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
         return new_output(x.shape, x, dtype)
     order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), i))  # outermost dim first
     base = new_output([x.shape[i] for i in order], x, dtype)

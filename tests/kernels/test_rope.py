@@ -97,6 +97,23 @@ def test_slices_of_a_fused_qkv_projection() -> None:
     check("cpu", q, k, cos, sin, torch.float32)
 
 
+@pytest.mark.parametrize("expand_dim", [0, 1, 2])
+def test_expanded_inputs_with_stride_0_dims(expand_dim: int) -> None:
+    """q, k broadcast by expand (one sequence over the batch, one head over the heads, one position
+    over the sequence): outputs are contiguous (were refused by the C++ check:
+    the stride-0 dim was taken as the innermost), and grads reach the unexpanded source."""
+    shape = [2, 3, 5, 16]
+    src = [make([1 if i == expand_dim else n for i, n in enumerate(shape)], torch.float32, seed=s)
+           for s in (1, 2)]
+    cos, sin = tables(5, 16, torch.float32)
+    # the expand is part of the function, so the grads are the source's (a stride-0 leaf cannot be copied into)
+    check_against_reference(lambda a, b: kernels.rope(a.expand(*shape), b.expand(*shape), cos, sin, provider="cpu"),
+                            lambda a, b: rp.rope_reference(a.expand(*shape), b.expand(*shape), cos, sin),
+                            src, torch.float32)
+    oq, ok = kernels.rope(*(t.expand(*shape) for t in src), cos, sin, provider="cpu")
+    assert oq.is_contiguous() and ok.is_contiguous()  # as eager's q * cos is
+
+
 def test_strided_last_dim_and_batch_one_tables() -> None:
     q = make((2, 3, 5, 16), torch.float32, seed=1, layout="strided")
     k = make((2, 3, 5, 16), torch.float32, seed=2)
