@@ -194,14 +194,18 @@ def aggregate(points: pd.DataFrame, by: tuple[str, ...] = ("kind", "name", "dtyp
     return out.sort_values("headroom_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def resolve_ceilings(trace: Any, ceilings: Optional[Ceilings]) -> tuple[Optional[Ceilings], Optional[str]]:
-    """The caller's ceilings, else the device table entry for the trace's device; (None, reason) if neither."""
+MEASURE_HINT = "pass measured ceilings (profiler.capture.ceilings.measured_ceilings) for this machine"
+
+
+def resolve_ceilings(trace: Any, ceilings: Optional[Ceilings],
+                     hint: str = MEASURE_HINT) -> tuple[Optional[Ceilings], Optional[str]]:
+    """The caller's ceilings, else the device table entry for the trace's device; (None, reason) if neither.
+    `hint` ends the reason: how this caller's user gets measured roofs."""
     if ceilings is not None:
         return ceilings, None
     match = ceilings_from_meta(trace.meta)
     if match.spec is None:
-        return None, (f"no ceilings: {match.reason}; pass measured ceilings "
-                      f"(profiler.capture.ceilings.measured_ceilings) for this machine")
+        return None, f"no ceilings: {match.reason}; {hint}"
     return match.ceilings, None
 
 

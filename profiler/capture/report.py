@@ -63,7 +63,8 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str,
             reason = f"roofline analysis unavailable ({exc})"
         else:
             if ceilings is None:
-                ceilings, reason = rl.resolve_ceilings(trace, None)
+                ceilings, reason = rl.resolve_ceilings(
+                    trace, None, hint="choose measured (or quick) ceilings for this machine, e.g. --ceilings measured")
             if ceilings is not None:
                 table = rl.roofline_table(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
                 if table.empty:

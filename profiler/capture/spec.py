@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Union
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from profiler.errors import FusionLensError
 
@@ -144,7 +145,7 @@ def validate_output(spec: str, out: Any) -> tuple[nn.Module, Inputs]:
         values = list(inputs)
     else:
         raise SpecError(f"spec {spec!r}: inputs must be a tuple of tensors or a dict of tensors, got {type(inputs).__name__}")
-    if not any(isinstance(v, torch.Tensor) for v in values):
+    if not any(isinstance(v, torch.Tensor) for v in tree_flatten(values)[0]):  # nested lists/dicts too
         raise SpecError(f"spec {spec!r}: inputs contain no tensor")
     return model, inputs
 

@@ -49,6 +49,10 @@ def test_roofline_missing_is_explained(tmp_path):
     proc = run("mlp", "--size", "tiny", "--steps", "1", "--out", str(tmp_path), "--ceilings", "none", "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert "turned off" in (tmp_path / "roofline_missing.txt").read_text()
+    # the datasheet table has no CPU entry: the note says how to get this machine's roofs instead
+    proc = run("mlp", "--size", "tiny", "--steps", "1", "--out", str(tmp_path), "--ceilings", "table", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "--ceilings measured" in (tmp_path / "roofline_missing.txt").read_text()
 
 
 def test_bad_spec_exits_2_with_one_line(tmp_path):

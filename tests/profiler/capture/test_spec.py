@@ -93,6 +93,24 @@ def test_dict_inputs_batch_and_module_spec(tmp_path, monkeypatch):
     assert lm.kind == "module" and lm.inputs["x"].shape == (5, 3)
 
 
+def test_nested_inputs_are_inputs(tmp_path):
+    """A positional list of tensors (or a dict of them) is a model input, as HF's past_key_values are."""
+    path = write(tmp_path, """
+        import torch
+        class Sum(torch.nn.Module):
+            def __init__(self):
+                super().__init__(); self.lin = torch.nn.Linear(4, 4)
+            def forward(self, xs, extra): return sum(self.lin(x) for x in xs) + extra["b"]
+        def build(): return Sum(), ([torch.randn(3, 4), torch.randn(3, 4)], {"b": torch.randn(4)})
+        def only_lists(): return Sum(), ([1, 2], {"b": 3.0})
+    """)
+    lm = load_spec(f"{path}:build")
+    assert lm.call().shape == (3, 4)
+    result = capture(lm, CapturePlan(wait=0, warmup=0, active=1, dtype="float64"), tmp_path / "out")
+    assert result.trace.events["name"].str.contains("addmm").any()
+    one_line_error(f"{path}:only_lists", "no tensor")
+
+
 def test_module_spec_errors():
     one_line_error("no_such_pkg_xyz.mod:build", "no module named")
     one_line_error("json:loads", "build() raised TypeError")
