@@ -6,6 +6,9 @@ rope, cross_entropy, fused_linear_cross_entropy, AdamW, LAMB, KERNELS, available
 provider_choice (which provider a call gets, chosen by measurement: see kernels/tuning.py),
 output_pool_stats / empty_output_pool (the pool that large CPU outputs come from: kernels/_alloc.py),
 op_cost (FLOPs and bytes of one call of a `torch.ops.fusionlens.*` op, for profilers).
+The nn.Module forms, drop-ins for torch's and HF's: LayerNorm, RMSNorm, AddLayerNorm, AddRMSNorm,
+GELU, BiasGELU, SwiGLU, GeGLU, Softmax, RotaryEmbedding, CrossEntropyLoss,
+FusedLinearCrossEntropyLoss.
 
 Importing the package imports every kernel family module (they import only torch and the
 registry) but compiles nothing and queries no device: the C++ extension is built on the first
@@ -16,11 +19,12 @@ submodule of that name exists.
 from __future__ import annotations
 
 from kernels.registry import KERNELS, available_providers, op_cost
-from kernels.norms import add_layer_norm, add_rms_norm, layer_norm, rms_norm
-from kernels.activations import bias_gelu, geglu, gelu, swiglu
-from kernels.softmax import softmax
-from kernels.rope import rope
-from kernels.cross_entropy import cross_entropy, fused_linear_cross_entropy
+from kernels.norms import AddLayerNorm, AddRMSNorm, LayerNorm, RMSNorm, add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from kernels.activations import GELU, BiasGELU, GeGLU, SwiGLU, bias_gelu, geglu, gelu, swiglu
+from kernels.softmax import Softmax, softmax
+from kernels.rope import RotaryEmbedding, rope
+from kernels.cross_entropy import CrossEntropyLoss, cross_entropy, fused_linear_cross_entropy
+from kernels.linear_cross_entropy import FusedLinearCrossEntropyLoss
 from kernels.optim import LAMB, AdamW
 from kernels.tuning import provider_choice
 from kernels._alloc import empty_output_pool, output_pool_stats
@@ -31,7 +35,9 @@ FAMILIES: tuple[str, ...] = ("kernels.norms", "kernels.activations", "kernels.so
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "gelu",
            "swiglu", "geglu", "softmax", "rope", "cross_entropy", "fused_linear_cross_entropy",
            "AdamW", "LAMB", "KERNELS", "available_providers", "provider_choice", "load_all",
-           "output_pool_stats", "empty_output_pool", "op_cost"]
+           "output_pool_stats", "empty_output_pool", "op_cost",
+           "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRMSNorm", "GELU", "BiasGELU", "SwiGLU", "GeGLU",
+           "Softmax", "RotaryEmbedding", "CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]
 
 
 def load_all() -> dict:

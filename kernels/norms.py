@@ -23,6 +23,7 @@ Function (`kernels/norm_function.py`) serves both fused providers.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -337,30 +338,49 @@ def add_rms_norm(x, residual, weight=None, eps: float | None = 1e-6, offset: flo
 
 
 # ---------------------------------------------------------------- modules
-def _last_dim_only(kind: str, normalized_shape: int | tuple[int, ...] | list[int]) -> tuple[int]:
-    """(n,) from an int or a one-element shape; torch's modules also take several trailing dims,
-    which these kernels do not normalize over together."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if len(shape) != 1:
-        raise ValueError(f"{kind} normalizes the last dim only, got normalized_shape {shape}")
+def _shape(normalized_shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """torch's normalized_shape as a tuple: an int or the trailing dims normalized together."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(int(n) for n in normalized_shape)
+    if not shape:
+        raise ValueError("normalized_shape must name at least one dim")
     return shape
 
 
+def _over(shape: tuple[int, ...], fn, *tensors: torch.Tensor, weight=None, bias=None):
+    """fn(*tensors, weight, bias) over the last len(shape) dims taken as one: those dims are flattened
+    (a view when they are contiguous) and the outputs unflattened, weight and bias likewise, so a
+    multi-dim normalized_shape runs the same one-dim kernels."""
+    if len(shape) == 1:
+        return fn(*tensors, weight, bias)
+    for t in tensors:
+        if tuple(t.shape[-len(shape):]) != shape:
+            raise ValueError(f"normalized_shape {list(shape)} does not match the input's trailing dims "
+                             f"{list(t.shape)}")
+    flat = [t.flatten(-len(shape)) for t in tensors]
+    weight, bias = (p.flatten() if p is not None else None for p in (weight, bias))
+    out = fn(*flat, weight, bias)
+    if isinstance(out, tuple):
+        return tuple(o.unflatten(-1, shape) for o in out)
+    return out.unflatten(-1, shape)
+
+
 class LayerNorm(nn.Module):
-    """Drop-in for nn.LayerNorm over the last dim (same parameter names: weight, bias)."""
+    """Drop-in for nn.LayerNorm (same arguments and parameter names; several trailing dims of
+    normalized_shape are normalized as one)."""
 
     def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, provider: str | None = None,
                  device=None, dtype=None) -> None:
         super().__init__()
-        shape = _last_dim_only("LayerNorm", normalized_shape)
+        shape = _shape(normalized_shape)
         self.normalized_shape, self.eps, self.provider = shape, eps, provider
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.ones(shape, **kw)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.zeros(shape, **kw)) if elementwise_affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps, provider=self.provider)
+        return _over(self.normalized_shape, lambda x, w, b: layer_norm(x, w, b, self.eps, provider=self.provider),
+                     x, weight=self.weight, bias=self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, provider={self.provider}"
@@ -368,24 +388,26 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """Drop-in for HF LlamaRMSNorm (offset=0) and GemmaRMSNorm (offset=1.0, weight init 0), and
-    for torch.nn.RMSNorm's arguments (a one-dim `normalized_shape`, `eps=None` for its default
-    epsilon, `elementwise_affine=False` for no weight)."""
+    for torch.nn.RMSNorm's arguments (`normalized_shape`, several trailing dims normalized as one;
+    `eps=None` for its default epsilon; `elementwise_affine=False` for no weight)."""
 
     def __init__(self, hidden_size: int | tuple[int], eps: float | None = 1e-6, offset: float = 0.0,
                  casting: str | None = None, provider: str | None = None, device=None, dtype=None,
                  *, elementwise_affine: bool = True) -> None:
         super().__init__()
-        (hidden_size,) = _last_dim_only("RMSNorm", hidden_size)
+        shape = _shape(hidden_size)
         init = torch.zeros if offset else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype)) if elementwise_affine else None
-        self.hidden_size = hidden_size
+        self.weight = nn.Parameter(init(shape, device=device, dtype=dtype)) if elementwise_affine else None
+        self.normalized_shape = shape
+        self.hidden_size = hidden_size if isinstance(hidden_size, int) else math.prod(shape)
         self.eps, self.offset, self.casting, self.provider = eps, offset, _casting(offset, casting), provider
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.offset, casting=self.casting, provider=self.provider)
+        return _over(self.normalized_shape, lambda x, w, _: rms_norm(x, w, self.eps, self.offset, casting=self.casting,
+                                                                     provider=self.provider), x, weight=self.weight)
 
     def extra_repr(self) -> str:
-        size = self.weight.shape[0] if self.weight is not None else self.hidden_size
+        size = self.normalized_shape[0] if len(self.normalized_shape) == 1 else self.normalized_shape
         return f"{size}, eps={self.eps}, offset={self.offset}, casting={self.casting}"
 
 
@@ -393,12 +415,15 @@ class AddLayerNorm(LayerNorm):
     """forward(x, residual) -> (x + residual, LayerNorm(x + residual))."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor):  # type: ignore[override]
-        return add_layer_norm(x, residual, self.weight, self.bias, self.eps, provider=self.provider)
+        return _over(self.normalized_shape,
+                     lambda x, r, w, b: add_layer_norm(x, r, w, b, self.eps, provider=self.provider),
+                     x, residual, weight=self.weight, bias=self.bias)
 
 
 class AddRMSNorm(RMSNorm):
     """forward(x, residual) -> (x + residual, RMSNorm(x + residual))."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor):  # type: ignore[override]
-        return add_rms_norm(x, residual, self.weight, self.eps, self.offset, casting=self.casting,
-                            provider=self.provider)
+        return _over(self.normalized_shape,
+                     lambda x, r, w, _: add_rms_norm(x, r, w, self.eps, self.offset, casting=self.casting,
+                                                     provider=self.provider), x, residual, weight=self.weight)

@@ -49,6 +49,16 @@ def test_every_spelled_name_is_exported() -> None:
     assert issubclass(kernels.LAMB, torch.optim.Optimizer)
 
 
+MODULES = ["LayerNorm", "RMSNorm", "AddLayerNorm", "AddRMSNorm", "GELU", "BiasGELU", "SwiGLU", "GeGLU",
+           "Softmax", "RotaryEmbedding", "CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]
+
+
+def test_module_forms_are_exported() -> None:
+    """Every family's nn.Module form is importable from `kernels` itself, as the functions are."""
+    for name in MODULES:
+        assert name in kernels.__all__ and issubclass(getattr(kernels, name), torch.nn.Module), name
+
+
 @pytest.mark.parametrize("name", sorted(SPELLED))
 def test_signature_matches_the_issue(name: str) -> None:
     params = list(inspect.signature(getattr(kernels, name)).parameters.values())
