@@ -40,13 +40,16 @@ def _free_port() -> int:
 
 def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
                       batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
-                      progress: Optional[ProgressFn] = None) -> CaptureResult:
-    """Inside an initialised (or torchrun-configured) process group: capture this rank under DDP."""
+                      progress: Optional[ProgressFn] = None,
+                      on_unused: Optional[Any] = None) -> CaptureResult:
+    """Inside an initialised (or torchrun-configured) process group: capture this rank under DDP.
+    `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from profiler.capture.runner import capture
+    from profiler.capture.runner import capture, unused_parameters
 
+    say = progress or (lambda done, total, msg: None)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if plan.is_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
@@ -55,9 +58,19 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
         torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
         plan = dataclasses.replace(plan, device=f"cuda:{torch.cuda.current_device()}")
 
-    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+    def wrap(loaded: Any) -> torch.nn.Module:
         ids = [torch.cuda.current_device()] if plan.is_cuda else None
-        return DDP(model, device_ids=ids)
+        # DDP's default waits for every parameter's grad and fails on the 2nd step when one never
+        # comes (a pooler or head the loss does not use); detection costs a graph walk per step,
+        # so it is on only for models that need it, as a user would set it
+        unused = unused_parameters(loaded)
+        if unused:
+            more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+            say(0, plan.steps, f"DDP: {len(unused)} parameter(s) get no grad ({', '.join(unused[:3])}{more}): "
+                               "find_unused_parameters=True")
+        if on_unused is not None:
+            on_unused(unused)
+        return DDP(loaded.model, device_ids=ids, find_unused_parameters=bool(unused))
 
     return capture(spec, plan, out_dir, size=size, batch=batch, overrides=overrides,
                    progress=progress, wrap_model=wrap)
@@ -78,7 +91,8 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
     try:
         dist.init_process_group("nccl" if plan.is_cuda else "gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
-        capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress)
+        capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress,
+                          on_unused=lambda names: messages.put(("unused", rank, list(names))) if rank == 0 else None)
     except FusionLensError as exc:
         messages.put(("error", rank, str(exc)))
         raise SystemExit(2)
@@ -137,6 +151,7 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
                                               dict(overrides or {}), messages),
                                nprocs=nproc, join=False, start_method="spawn")
     errors: dict[int, str] = {}
+    unused: list[str] = []
 
     def drain() -> None:
         while True:
@@ -148,6 +163,8 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
                 progress(*msg[1:])
             elif msg[0] == "error":
                 errors.setdefault(msg[1], msg[2])
+            elif msg[0] == "unused":
+                unused[:] = msg[2]
 
     try:
         while not procs.join(timeout=0.2):
@@ -165,7 +182,8 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
     off = {"nvml": "device is cpu (NVML samples NVIDIA GPUs only)"} if not plan.is_cuda else {}
     off["cupti"] = "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)"
     trace = load_ddp_trace(out_dir, {"spec": spec, "plan": dataclasses.asdict(plan), "nproc": nproc,
-                                     "backend": "nccl" if plan.is_cuda else "gloo", "sources_off": dict(off)})
+                                     "backend": "nccl" if plan.is_cuda else "gloo", "sources_off": dict(off),
+                                     "ddp_unused_parameters": list(unused)})
     return CaptureResult(trace, out_dir / "kineto_rank0.pt.trace.json", off,
                          {"run_s": run_s, "total_s": time.perf_counter() - t0})
 

@@ -108,6 +108,21 @@ def make_step(loaded: LoadedModel, plan: CapturePlan) -> Callable[[int], None]:
     return train_step
 
 
+def unused_parameters(loaded: LoadedModel) -> list[str]:
+    """Names of the trainable parameters that get no grad from one training forward and backward
+    (run here, untimed, grads cleared after). DDP waits for every parameter's grad unless told
+    (find_unused_parameters) which may not come; a failure is one line naming the spec."""
+    model = loaded.model
+    model.train()
+    try:
+        loss_of(loaded.call()).backward()
+    except Exception as exc:
+        raise describe_failure(loaded.spec, "the unused-parameter check (one plain training step)", exc) from None
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return unused
+
+
 _STEP_LABELS = {-1: "the first (unprofiled) step", -2: "the FLOPs/bytes counting step"}
 
 
@@ -252,10 +267,11 @@ def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optio
 def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
             batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
             progress: Optional[ProgressFn] = None,
-            wrap_model: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None) -> CaptureResult:
+            wrap_model: Optional[Callable[[LoadedModel], torch.nn.Module]] = None) -> CaptureResult:
     """Profile `spec` per `plan`; the raw trace goes to `out_dir`. Raises SpecError / CaptureError.
 
-    `wrap_model` (e.g. DistributedDataParallel) wraps the prepared model before the steps run.
+    `wrap_model(loaded)` (e.g. DistributedDataParallel) returns the prepared model wrapped, before
+    the steps run; it gets the inputs too, to try the model first.
     A `LoadedModel` passed in is used as is: it is moved to the plan's device and dtype in place
     and, in train mode, its weights change with every optimizer step; pass a copy to keep it.
     """
@@ -268,7 +284,7 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     loaded = spec if isinstance(spec, LoadedModel) else load_spec(spec, size=size, batch=batch, overrides=overrides)
     loaded = prepare(loaded, plan)
     if wrap_model is not None:
-        loaded = dataclasses.replace(loaded, model=wrap_model(loaded.model))
+        loaded = dataclasses.replace(loaded, model=wrap_model(loaded))
     step = guarded(loaded.spec, make_step(loaded, plan))
     build_s = time.perf_counter() - t0
     say(0, plan.steps, "first step (unprofiled)")

@@ -1,4 +1,6 @@
 """A DDP capture with 2 ranks on this CPU (gloo): one trace per rank, loaded as ranks 0 and 1."""
+import textwrap
+
 from profiler.capture.backends import CapturePlan
 from profiler.capture.ddp import capture_ddp
 
@@ -23,3 +25,26 @@ def test_two_rank_gloo_capture(tmp_path):
     # (2nd iteration, broadcasting bucket indices) happens before the pass, not inside it
     joins = res.trace.meta["capture"]["join_per_rank"]
     assert sorted(joins) == [0, 1] and all(j["match_rate"] == 1.0 for j in joins.values()), joins
+    assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == []  # DDP's default (no detection) kept
+
+
+def test_parameters_the_loss_does_not_use(tmp_path):
+    """A head the loss never reaches: DDP's default fails on the 2nd step ("Expected to have
+    finished reduction in the prior iteration"); the capture finds the unused parameters first and
+    runs DDP with find_unused_parameters, naming them in the progress and the trace's meta."""
+    spec = tmp_path / "unused_head.py"
+    spec.write_text(textwrap.dedent("""
+        import torch
+        class TwoHeads(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body, self.head, self.spare = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+            def forward(self, x): return self.head(torch.relu(self.body(x))).square().mean()
+        def build(): return TwoHeads(), (torch.randn(4, 8),)
+    """))
+    said = []
+    res = capture_ddp(f"{spec}:build", CapturePlan(wait=0, warmup=1, active=1), tmp_path / "out", 2,
+                      progress=lambda done, total, msg: said.append(msg))
+    assert res.trace.ranks == (0, 1)
+    assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["spare.weight", "spare.bias"]
+    assert any("find_unused_parameters=True" in m and "spare.weight" in m for m in said), said
