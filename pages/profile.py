@@ -144,15 +144,23 @@ else:
     st.caption(pv.ceilings_note(summary.get("roofline_ceilings"), outcome.request.plan.dtype) +
                " Intensity is algorithmic (FLOPs / lower-bound bytes). Headroom = time - time at the roof.")
     num = st.column_config.NumberColumn
-    st.dataframe(roof, hide_index=True, width="stretch", height="content", column_config={
-        "op": st.column_config.TextColumn(width="medium"), "kind": st.column_config.TextColumn(width="small"),
+    roof_columns = {
+        "op": st.column_config.TextColumn(width="medium"), "module": st.column_config.TextColumn(width="medium"),
+        "kind": st.column_config.TextColumn(width="small"),
         "dtype": st.column_config.TextColumn(width="small"), "calls": num(width="small"),
         "FLOPs": num(format="compact", help="counted by the untimed FLOPs pass"),
         "bytes (algorithmic lower bound)": num(format="compact", help=pv.BYTES_NOTE),
         "intensity FLOP/B": num(format="%.3g", help="algorithmic intensity: FLOPs / lower-bound bytes"),
         "achieved GFLOP/s": num(format="%.3g"),
         "roof GFLOP/s": num(format="%.3g", help="what the roof allows at this intensity: min(peak, intensity x bandwidth)"),
-        "% of roof": num(format="%.3g %%", help="time at the roof / measured time")})
+        "% of roof": num(format="%.3g %%", help="time at the roof / measured time")}
+    st.dataframe(roof, hide_index=True, width="stretch", height="content", column_config=roof_columns)
+    by_module = pv.roofline_frame(outcome.roofline_modules)
+    if not by_module.empty:
+        st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} modules by headroom**")
+        st.caption("Each nn.Module's own ops (not its children's), forward and backward together, named as "
+                   "in the model (qualified names); ops outside any module, such as the optimizer step, are left out.")
+        st.dataframe(by_module, hide_index=True, width="stretch", height="content", column_config=roof_columns)
 
 st.markdown("**Files written**")
 st.table(pv.files_frame(summary), hide_index=True, border="horizontal")
@@ -160,5 +168,9 @@ cols = st.columns(2)
 if outcome.roofline is not None:
     cols[0].download_button("Download roofline CSV", outcome.roofline.to_csv(index=False), key="profile_dl_csv",
                             file_name=f"{outcome.out_dir.name}-roofline.csv", mime="text/csv")
+if outcome.roofline_modules is not None:
+    cols[0].download_button("Download per-module roofline CSV", outcome.roofline_modules.to_csv(index=False),
+                            key="profile_dl_modules_csv", file_name=f"{outcome.out_dir.name}-roofline_modules.csv",
+                            mime="text/csv")
 cols[1].download_button("Download summary JSON", outcome.summary_json, key="profile_dl_json",
                         file_name=f"{outcome.out_dir.name}-summary.json", mime="application/json")

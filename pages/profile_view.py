@@ -202,6 +202,7 @@ class ProfileOutcome:
     roofline: Optional[pd.DataFrame]
     out_dir: Path
     summary_json: str = "{}"
+    roofline_modules: Optional[pd.DataFrame] = None  # per nn.Module (roofline_modules.csv), when known
 
 
 def quiet_while_timed(progress: Callable[[int, int, str], None], plan: CapturePlan) -> Callable[[int, int, str], None]:
@@ -258,8 +259,10 @@ def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
                             {"spec": req.spec, "nproc": req.nproc, "source": "dashboard"})
     roof_path = out_dir / "roofline.csv"
     roofline = pd.read_csv(roof_path) if roof_path.is_file() else None
+    modules_path = summary["files"].get("roofline_modules")
+    modules = pd.read_csv(modules_path) if modules_path else None
     summary_json = Path(summary["files"]["summary"]).read_text()
-    return ProfileOutcome(req, result.trace, summary, roofline, out_dir, summary_json)
+    return ProfileOutcome(req, result.trace, summary, roofline, out_dir, summary_json, modules)
 
 
 def error_line(spec: str, exc: BaseException) -> str:
@@ -341,7 +344,8 @@ def ceilings_note(used: Optional[Mapping[str, Any]], dtype: str) -> str:
 
 
 def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) -> pd.DataFrame:
-    """The roofline table's `top` op types by headroom, with display names and units.
+    """The roofline table's `top` op types (or modules, for roofline_modules.csv) by headroom,
+    with display names and units.
 
     roof GFLOP/s = what the roof allows at the op's intensity, min(peak, intensity x bandwidth),
     which is flops / time_at_roof; % of roof = time at roof / measured time (the CSV's pct_of_roof).
@@ -351,13 +355,15 @@ def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) ->
     r = roofline.sort_values("headroom_us", ascending=False).head(top)
     at_roof_s = r["time_at_roof_us"] / 1e6
     roof = (r["flops"] / at_roof_s).where((r["flops"] > 0) & (at_roof_s > 0))
+    first = {"module": r["module"].astype(str)} if "module" in r else {"op": r["name"].astype(str)}
     return pd.DataFrame({
-        "op": r["name"].astype(str), "headroom (µs)": r["headroom_us"].round(1), "time (µs)": r["dur_us"].round(1),
+        **first, "headroom (µs)": r["headroom_us"].round(1), "time (µs)": r["dur_us"].round(1),
         "% of roof": r["pct_of_roof"], "bound": r["bound"].astype(str),
         "FLOPs": r["flops"], "bytes (algorithmic lower bound)": r["bytes_moved"],
         "intensity FLOP/B": r["algorithmic_intensity_flop_per_byte"],
         "achieved GFLOP/s": r["achieved_flops_per_s"] / 1e9, "roof GFLOP/s": roof / 1e9,
-        "calls": r["count"].astype(int), "dtype": r["dtype"].astype(str), "kind": r["kind"].astype(str),
+        "calls": r["count"].astype(int), "dtype": r["dtype"].astype(str),
+        **({"kind": r["kind"].astype(str)} if "kind" in r else {}),
     }).reset_index(drop=True)
 
 

@@ -92,11 +92,19 @@ def _row_dtypes(events: pd.DataFrame, default_dtype: str) -> pd.Series:
 
 
 def _modules(events: pd.DataFrame) -> pd.Series:
-    """Module per row: a `module` column if the producer wrote one; else, when the trace has
-    `nn.Module: X` python_function scopes (with_stack captures), the innermost one containing each
-    cpu_op on its thread, and for GPU rows the module of the cpu_op with their External id."""
-    if "module" in events:
-        return events["module"].astype(object)
+    """Module per row: the `module` column where the producer wrote one (a FusionLens capture
+    names the qualified module of every joined op); elsewhere, when the trace has `nn.Module: X`
+    python_function scopes (with_stack captures), the innermost one containing each cpu_op on its
+    thread, and for GPU rows the module of the cpu_op with their External id."""
+    scoped = _scoped_modules(events)
+    if "module" not in events:
+        return scoped
+    own = events["module"].astype(object)
+    return own.where(own.notna(), scoped)
+
+
+def _scoped_modules(events: pd.DataFrame) -> pd.Series:
+    """Module per row from the `nn.Module: X` python_function scopes (None where there are none)."""
     out = pd.Series(None, index=events.index, dtype=object)
     py = events[events["kind"] == "python_function"]
     mods = py[py["name"].astype(str).str.startswith(MODULE_PREFIX)]
@@ -225,7 +233,11 @@ def roofline(trace: Any, ceilings: Optional[Ceilings] = None, default_dtype: str
     return RooflineResult(points, aggregate(points), by_module, resolved, excluded, why)
 
 
-def roofline_table(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32") -> pd.DataFrame:
-    """Per op type (kind, name, dtype) roofline table for the capture CLI, largest headroom first."""
+def roofline_table(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
+                   by: tuple[str, ...] = ("kind", "name", "dtype")) -> pd.DataFrame:
+    """Roofline table for the capture CLI, largest headroom first: per op type (kind, name, dtype),
+    or per ("module", "dtype") over the ops whose module is known (empty when none is)."""
     points, _ = roofline_points(trace, ceilings, default_dtype)
-    return aggregate(points)
+    if "module" in by:
+        points = points[points["module"].notna()]
+    return aggregate(points, by)

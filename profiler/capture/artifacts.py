@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.trace.model import Trace, TraceError
-from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS, MEMORY_COLUMNS
+from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS, LATER_COLUMNS, MEMORY_COLUMNS
 
 TABLES = {"events": COLUMNS, "memory": MEMORY_COLUMNS, "counters": COUNTER_COLUMNS}
 
@@ -76,6 +76,8 @@ def load_saved_trace(folder: str | Path) -> Trace:
         raise TraceError(f"saved trace {folder}: {type(exc).__name__}: {exc}") from None
     for name, columns in TABLES.items():
         dtypes = {k: (v[0] if isinstance(v, tuple) else v) for k, v in columns.items()}
+        for c in LATER_COLUMNS & (set(dtypes) - set(tables[name].columns)):  # saved before the column existed
+            tables[name][c] = pd.Series(pd.NA, index=tables[name].index, dtype="object")
         missing = [c for c in dtypes if c not in tables[name].columns]
         if missing:
             raise TraceError(f"saved trace {folder}: {name}.parquet lacks {', '.join(missing)}")

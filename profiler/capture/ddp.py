@@ -122,7 +122,8 @@ def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] 
             events, stats = join_costs(events, pd.read_parquet(costs_path))
             joins[int(rank)] = stats.as_dict()
         parts.append(events)
-    events = pd.concat(parts, ignore_index=True).astype(trace.events.dtypes.to_dict())
+    dtypes = {**trace.events.dtypes.to_dict(), "module": "category"}  # the join named modules the upload lacks
+    events = pd.concat(parts, ignore_index=True).astype(dtypes)
     meta = dict(trace.meta)
     meta["capture"] = {**dict(meta_extra or {}), "join_per_rank": joins}
     return Trace(events, meta, trace.memory, trace.counters)

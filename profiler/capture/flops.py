@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
@@ -24,7 +25,7 @@ from profiler.capture import formulas as fm
 
 COST_COLUMNS = {"step": "int32", "seq": "int64", "name": "string", "overload": "string",
                 "flops": "float64", "bytes_moved": "float64", "rule": "string",
-                "input_dims": "string", "input_types": "string"}
+                "input_dims": "string", "input_types": "string", "module": "string"}
 
 # torch dtype -> the name Kineto writes in "Input type" (c10 TypeMeta names).
 KINETO_DTYPE_NAMES = {
@@ -218,16 +219,30 @@ class OpCost:
     rule: str
     input_dims: str
     input_types: str
+    module: str | None = None
+
+
+def innermost_module(parents: Any) -> str | None:
+    """The innermost of ModuleTracker's active module names ("Global" outside any module), by
+    depth: names nest as Root.child.grandchild."""
+    names = [n for n in parents if n != "Global"]
+    return max(names, key=lambda n: (n.count("."), len(n))) if names else None
 
 
 class OpCostRecorder(TorchDispatchMode):
-    """Records an OpCost per aten op run under it; `mark_step()` starts the next step's rows."""
+    """Records an OpCost per aten op run under it; `mark_step()` starts the next step's rows.
 
-    def __init__(self) -> None:
+    With a `torch.utils.module_tracker.ModuleTracker` entered around it, each row also names the
+    innermost module whose forward (or backward) ran the op, by qualified name
+    ("GPT.blocks.0.attn.proj"), which the join carries to the profiled ops: the roofline's
+    per-module table at no cost to the timed steps."""
+
+    def __init__(self, tracker: Any = None) -> None:
         super().__init__()
         self.rows: list[OpCost] = []
         self.step = 0
         self._seq = 0
+        self._tracker = tracker
 
     def mark_step(self) -> None:
         self.step += 1
@@ -253,8 +268,9 @@ class OpCostRecorder(TorchDispatchMode):
             nbytes = float(op_bytes(func, args, kwargs, out))
         except Exception as exc:  # likewise for a byte rule (a library op's cost function)
             nbytes, rule = math.nan, f"{rule}; bytes error: {type(exc).__name__}"
+        module = innermost_module(self._tracker.parents) if self._tracker is not None else None
         self.rows.append(OpCost(self.step, self._seq, func._schema.name, func._overloadname, flops,
-                                nbytes, rule, *signature(func, args, kwargs)))
+                                nbytes, rule, *signature(func, args, kwargs), module))
         self._seq += 1
         return out
 
@@ -271,10 +287,17 @@ def record_costs(step_fn: Callable[[int], None], steps: int = 1, first_step: int
 
     torch.compile'd code runs eagerly for the pass (stance "force_eager"): Dynamo skips a frame it
     meets under a dispatch mode and keeps skipping that code afterwards, so without the stance the
-    pass would leave a compiled model eager for the profiled steps that follow.
+    pass would leave a compiled model eager for the profiled steps that follow. A ModuleTracker
+    names each op's module (forward and backward).
     """
-    recorder = OpCostRecorder()
-    with torch.compiler.set_stance("force_eager"), recorder:
+    from torch.utils.module_tracker import ModuleTracker
+
+    tracker = ModuleTracker()
+    recorder = OpCostRecorder(tracker)
+    with warnings.catch_warnings(), torch.compiler.set_stance("force_eager"), tracker, recorder:
+        # a compiled module under the tracker's global hooks fires them for its wrapper too (its
+        # ops are named OptimizedModule._orig_mod.*); torch warns about that on every call
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         for i in range(steps):
             if i:
                 recorder.mark_step()

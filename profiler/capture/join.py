@@ -17,7 +17,8 @@ recorded step, the same program every step) is matched greedily in order:
   every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
 
 Matched ops without recorded shapes (record_shapes off, the default) get `input_dims` and
-`input_types` from the cost pass, in Kineto's format. GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost of the matched op that launched them: their
+`input_types` from the cost pass, in Kineto's format, and every matched op a `module` column: the
+innermost nn.Module (qualified name) whose forward or backward ran it in the cost pass. GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost of the matched op that launched them: their
 External id names the innermost launching cpu_op, and the matched op containing it on the same
 thread is found by interval. One op with several GPU rows splits its FLOPs and bytes over them in
 proportion to their duration. Bytes are an algorithmic lower bound (inputs + outputs, views 0).
@@ -144,8 +145,10 @@ def match_sequence(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.nd
     return prof_idx, rec_idx, missing
 
 
-def _gpu_costs(events: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, matched: np.ndarray) -> tuple[int, int]:
-    """Give GPU rows the cost of their launching matched op, split by duration. Mutates arrays."""
+def _gpu_costs(events: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, matched: np.ndarray,
+               modules: np.ndarray) -> tuple[int, int]:
+    """Give GPU rows the cost of their launching matched op, split by duration, and its module.
+    Mutates the arrays."""
     gpu = np.flatnonzero(events["kind"].isin(GPU_COST_KINDS).to_numpy() & events["external_id"].notna().to_numpy())
     if not len(gpu):
         return 0, 0
@@ -174,6 +177,7 @@ def _gpu_costs(events: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, matc
     share = np.where(total > 0, dur / np.where(total > 0, total, 1.0), 1.0 / count)
     flops[rows] = flops[own] * share
     bytes_[rows] = bytes_[own] * share
+    modules[rows] = modules[own]
     return int(valid.sum()), int((~valid).sum())
 
 
@@ -196,6 +200,9 @@ def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame,
     rec_types = costs["input_types"].to_numpy(dtype=object) if has_sig else None
     dims = events["input_dims"].to_numpy(dtype=object, copy=True)
     types = events["input_types"].to_numpy(dtype=object, copy=True)
+    rec_mod = costs["module"].to_numpy(dtype=object) if "module" in costs.columns else np.full(len(costs), None, object)
+    modules = (events["module"].to_numpy(dtype=object, copy=True) if "module" in events.columns
+               else np.full(len(events), None, dtype=object))
     ops = events[events["kind"] == "cpu_op"]
     ops = ops.assign(_step=_steps_of(events, ops)).dropna(subset=["_step"])
     steps = recorded_total = matched_total = 0
@@ -211,16 +218,18 @@ def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame,
             empty = pd.isna(dims[rows])
             dims[rows[empty]] = rec_dims[rec][empty]
             types[rows[empty]] = rec_types[rec][empty]
+        modules[rows] = rec_mod[rec]
         matched[rows] = True
         steps += 1
         recorded_total += len(recorded)
         matched_total += len(prof)
         missing.update(miss)
-    with_cost, without = _gpu_costs(events, flops, bytes_, matched)
+    with_cost, without = _gpu_costs(events, flops, bytes_, matched, modules)
     is_view = (events["kind"] == "cpu_op").to_numpy() & events["name"].astype(str).isin(view_names).to_numpy()
     flops[is_view & ~matched], bytes_[is_view & ~matched] = 0.0, 0.0
     out = events.assign(flops=flops, bytes_moved=bytes_,
-                        input_dims=pd.array(dims, dtype="string"), input_types=pd.array(types, dtype="string"))
+                        input_dims=pd.array(dims, dtype="string"), input_types=pd.array(types, dtype="string"),
+                        module=pd.Categorical(modules))
     stats = JoinStats(steps, recorded_total, matched_total, recorded_total - matched_total,
                       dict(missing.most_common(10)), with_cost, without)
     return out, stats

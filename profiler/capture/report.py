@@ -1,9 +1,10 @@
 """What `python -m profiler capture` writes next to the Kineto JSON: Parquet trace, roofline, summary.
 
 Pure of printing: `write_outputs(result, out_dir, ...)` returns the paths and the summary dict;
-the CLI prints them. The roofline table comes from `profiler.analysis.roofline.roofline_table`
-against the machine's ceilings (measured and cached, or the device table); when it cannot be
-made, `roofline_missing.txt` says why. All bytes are algorithmic lower bounds.
+the CLI prints them. The roofline tables come from `profiler.analysis.roofline.roofline_table`
+against the machine's ceilings (measured and cached, or the device table): per op type
+(roofline.csv) and per nn.Module (roofline_modules.csv, when the cost pass named modules); when
+they cannot be made, `roofline_missing.txt` says why. All bytes are algorithmic lower bounds.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def default_out_dir(spec: str, root: str | Path = ".fusionlens/captures") -> Pat
     stamp = pd.Timestamp.now(tz="UTC").strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.")[-60:] or "model"
     return Path(root) / f"{safe}-{stamp}"
+
+
+MODULES_CSV = "roofline_modules.csv"
 
 
 def ceilings_for(plan: CapturePlan, choice: str) -> tuple[Optional[Any], Optional[str]]:
@@ -74,6 +78,9 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str,
         return None, reason, None
     path = out_dir / "roofline.csv"
     table.to_csv(path, index=False)
+    modules = rl.roofline_table(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"), by=("module", "dtype"))
+    if not modules.empty:  # per nn.Module (forward and backward ops together), from the cost pass
+        modules.to_csv(out_dir / MODULES_CSV, index=False)
     return path, None, ceilings
 
 
@@ -105,6 +112,8 @@ def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceili
     files["kineto_json"] = sorted(str(p) for p in out_dir.glob("kineto_rank*.pt.trace.json"))
     roof, roof_reason, used = write_roofline_with_ceilings(result.trace, plan, ceilings, out_dir)
     files["roofline"] = str(roof) if roof else str(out_dir / "roofline_missing.txt")
+    if roof and (out_dir / MODULES_CSV).is_file():
+        files["roofline_modules"] = str(out_dir / MODULES_CSV)
     summary = {**(extra or {}), "plan": plain(plan.__dict__), "files": files,
                "sources_off": dict(result.sources_off), "roofline_missing": roof_reason,
                "roofline_ceilings": plain(used.to_json()) if used is not None else None,

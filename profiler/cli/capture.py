@@ -2,8 +2,9 @@
 
 SPEC is a zoo name (gpt2, gpt2-naive, llama, bert, vit, cnn, mlp), `hf:NAME`, `file.py:build` or
 `package.module:build`. Writes into --out: the Kineto JSON (Perfetto-openable), the Trace as
-Parquet (trace/), roofline.csv (or roofline_missing.txt saying why) and summary.json. Progress goes
-to stderr; bad input is one line and exit status 2.
+Parquet (trace/), roofline.csv per op type and roofline_modules.csv per nn.Module (or
+roofline_missing.txt saying why) and summary.json. Progress goes to stderr; bad input is one line
+and exit status 2.
 """
 from __future__ import annotations
 
@@ -128,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  source off: {name}: {reason}")
     if summary["roofline_missing"]:
         print(f"  roofline missing: {summary['roofline_missing']}")
-    print(f"  wrote {out}/ (kineto_rank*.pt.trace.json, trace/, "
-          f"{'roofline.csv' if not summary['roofline_missing'] else 'roofline_missing.txt'}, summary.json)")
+    roofs = "roofline_missing.txt" if summary["roofline_missing"] else "roofline.csv"
+    if "roofline_modules" in summary["files"]:
+        roofs += ", roofline_modules.csv"
+    print(f"  wrote {out}/ (kineto_rank*.pt.trace.json, trace/, {roofs}, summary.json)")
     return 0

@@ -133,6 +133,8 @@ def events_frame(frames: list[FileFrame], ranks: list[int], t0: float) -> pd.Dat
             data[col] = np.concatenate([f.cols.pop("dur") for f in frames])
         elif col in ("flops", "bytes_moved"):
             data[col] = np.full(n, np.nan)  # unknown for uploaded traces; capture fills them
+        elif col == "module":  # likewise (capture's cost pass knows each op's module)
+            data[col] = pd.Categorical.from_codes(np.full(n, -1, np.int8), categories=pd.Index([], dtype=object))
         elif col in CODED_COLUMNS:
             data[col] = _coded_column(col, dtype, frames, offsets, n)
         elif dtype in _NP_INT:

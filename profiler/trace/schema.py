@@ -87,7 +87,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "python_parent_id": ("Int64", "python_function Python parent id"),
     "flops": ("float64", "FLOPs of the op/kernel when known (capture), else NaN"),
     "bytes_moved": ("float64", "algorithmic bytes (inputs+outputs) when known (capture), else NaN"),
+    "module": ("category", "innermost nn.Module (qualified name) that ran the op in forward or backward, "
+                           "when known (capture), else NA"),
 }
+# Columns added after traces were first saved: a saved trace without them loads with them all NA.
+LATER_COLUMNS: frozenset[str] = frozenset({"module"})
 
 # Side tables of a Trace.
 MEMORY_COLUMNS: dict[str, str] = {  # `[memory]` instant events

@@ -138,7 +138,15 @@ def test_zoo_capture_becomes_current_trace(mode, data_dir):
     _check_roofline_chart(at, folder)
     files = next(t.value for t in at.table if "path" in t.value.columns)
     assert all(Path(p).exists() for p in files["path"])
-    assert {b.label for b in at.get("download_button")} == {"Download roofline CSV", "Download summary JSON"}
+    # per module: each Linear's own ops, its backward included in training (the cost pass's ModuleTracker)
+    by_module = next(d.value for d in at.dataframe if "module" in d.value.columns).set_index("module")["FLOPs"]
+    first, second = by_module["Sequential.0"], by_module["Sequential.2"]
+    if mode == "infer":
+        assert (first, second) == (2 * b * f * h, 2 * b * h * o)
+    else:  # + weight grad (input needs none) / + input and weight grads, + the bias grads' sums
+        assert (first, second) == (2 * (2 * b * f * h) + b * h, 3 * (2 * b * h * o) + b * o)
+    assert {b.label for b in at.get("download_button")} == {"Download roofline CSV", "Download per-module roofline CSV",
+                                                           "Download summary JSON"}
 
     at.switch_page("pages/load.py").run()  # the Load page shows the captured trace
     assert not at.exception

@@ -87,6 +87,21 @@ def test_every_step_and_kernels_by_external_id():
     assert stats.gpu_rows_with_cost == 4 and stats.gpu_rows_without_cost == 1
 
 
+def test_modules_go_to_matched_ops_and_their_kernels():
+    """The cost pass's module per op lands on the matched cpu_op and on the kernels it launched;
+    unmatched rows keep NA (an uploaded trace's column stays all NA)."""
+    ev = events([("cpu_op", "aten::mm", 10, 50, 7, 1, 1), ("cpu_op", "aten::relu", 70, 5, 7, 1, 2),
+                 ("cpu_op", "aten::sum", 80, 5, 7, 1, 3),
+                 ("kernel", "gemm", 100, 30, 99, pd.NA, 1), ("kernel", "orphan", 200, 3, 99, pd.NA, 9)])
+    cs = costs([("aten::mm", 800, 400, "formula"), ("aten::relu", 8, 16, "pointwise"), ("aten::sum", 4, 8, "reduction")])
+    cs["module"] = pd.array(["Net.fc", "Net.act", None], dtype="string")
+    out, _ = join_costs(ev, cs)
+    got = dict(zip(out["name"].astype(str), out["module"]))
+    assert got["aten::mm"] == got["gemm"] == "Net.fc" and got["aten::relu"] == "Net.act"
+    assert pd.isna(got["aten::sum"]) and pd.isna(got["orphan"])
+    assert out["module"].dtype == "category"
+
+
 def test_real_capture_addmm_flops_match_recorded_shapes(tmp_path):
     from profiler.capture.runner import capture
 

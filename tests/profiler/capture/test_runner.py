@@ -59,6 +59,11 @@ def test_parquet_round_trip_and_damaged_folder(tmp_path):
     back = load_saved_trace(tmp_path / "saved")
     pd.testing.assert_frame_equal(back.events, res.trace.events)
     assert back.meta["capture"]["spec"] == "cnn"
+    assert back.events["module"].notna().any()  # the cost pass named the ops' modules
+    # a folder saved before the module column existed still loads, with it all NA
+    old = tmp_path / "saved" / "events.parquet"
+    pd.read_parquet(old).drop(columns="module").to_parquet(old)
+    assert load_saved_trace(tmp_path / "saved").events["module"].isna().all()
     (tmp_path / "saved" / "events.parquet").write_bytes(b"not parquet")
     with pytest.raises(TraceError):
         load_saved_trace(tmp_path / "saved")
