@@ -113,10 +113,15 @@ def _import_module(spec: str, dotted: str) -> Any:
 def _call_build(spec: str, build: Callable[..., Any], options: Mapping[str, Any]) -> Any:
     try:
         params = inspect.signature(build).parameters
-    except (TypeError, ValueError):
-        params = {}
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in options.items() if v is not None and (accepts_any or k in params)}
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass everything asked for
+        params = None
+    accepts_any = params is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = [k for k in given if not accepts_any and k not in params]
+    if unknown:  # asked for (--batch, --set) but build() cannot take it: say so rather than ignore it
+        raise SpecError(f"spec {spec!r}: build() does not take {', '.join(map(repr, unknown))} "
+                        f"(its parameters: {', '.join(params) or 'none'})")
+    kwargs = given
     try:
         return build(**kwargs)
     except BaseException as exc:

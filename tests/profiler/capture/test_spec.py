@@ -93,6 +93,21 @@ def test_dict_inputs_batch_and_module_spec(tmp_path, monkeypatch):
     assert lm.kind == "module" and lm.inputs["x"].shape == (5, 3)
 
 
+def test_batch_and_settings_build_cannot_take_are_refused(tmp_path):
+    """--batch / --set for a build() without such a parameter: one line, not silently ignored."""
+    path = write(tmp_path, """
+        import torch
+        def build(): return torch.nn.Linear(2, 2), (torch.randn(3, 2),)
+        def sized(batch=2, width=2): return torch.nn.Linear(width, 2), (torch.randn(batch, width),)
+        def open_ended(**kw): return torch.nn.Linear(2, 2), (torch.randn(kw.get("batch", 1), 2),)
+    """)
+    one_line_error(f"{path}:build", "does not take 'batch' (its parameters: none)", batch=4)
+    one_line_error(f"{path}:sized", "does not take 'depth' (its parameters: batch, width)", overrides={"depth": 3})
+    assert load_spec(f"{path}:sized", batch=5, overrides={"width": 7}).inputs[0].shape == (5, 7)
+    assert load_spec(f"{path}:open_ended", batch=6).inputs[0].shape == (6, 2)
+    assert load_spec(f"{path}:build").inputs[0].shape == (3, 2)  # nothing asked, nothing refused
+
+
 def test_nested_inputs_are_inputs(tmp_path):
     """A positional list of tensors (or a dict of them) is a model input, as HF's past_key_values are."""
     path = write(tmp_path, """
