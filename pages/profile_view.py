@@ -247,7 +247,7 @@ def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
 
 def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]]) -> ProfileOutcome:
     from profiler.capture.ddp import capture_ranks
-    from profiler.capture.report import write_outputs
+    from profiler.capture.report import with_ceilings, write_outputs
 
     say = progress or (lambda done, total, msg: None)
     out_dir = unique_out_dir(req.spec, root)
@@ -262,7 +262,8 @@ def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
     modules_path = summary["files"].get("roofline_modules")
     modules = pd.read_csv(modules_path) if modules_path else None
     summary_json = Path(summary["files"]["summary"]).read_text()
-    return ProfileOutcome(req, result.trace, summary, roofline, out_dir, summary_json, modules)
+    trace = with_ceilings(result.trace, summary.get("roofline_ceilings"))  # as saved: the roofs go with it
+    return ProfileOutcome(req, trace, summary, roofline, out_dir, summary_json, modules)
 
 
 def error_line(spec: str, exc: BaseException) -> str:

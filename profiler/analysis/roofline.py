@@ -207,10 +207,14 @@ MEASURE_HINT = "pass measured ceilings (profiler.capture.ceilings.measured_ceili
 
 def resolve_ceilings(trace: Any, ceilings: Optional[Ceilings],
                      hint: str = MEASURE_HINT) -> tuple[Optional[Ceilings], Optional[str]]:
-    """The caller's ceilings, else the device table entry for the trace's device; (None, reason) if neither.
-    `hint` ends the reason: how this caller's user gets measured roofs."""
+    """The caller's ceilings, else those a FusionLens capture recorded with the trace (measured on
+    the machine that ran it, or its table entry), else the device table entry for the trace's
+    device; (None, reason) if none. `hint` ends the reason: how this caller's user gets measured roofs."""
     if ceilings is not None:
         return ceilings, None
+    recorded = (trace.meta.get("capture") or {}).get("roofline_ceilings")
+    if recorded:
+        return Ceilings.from_json(recorded), None
     match = ceilings_from_meta(trace.meta)
     if match.spec is None:
         return None, f"no ceilings: {match.reason}; {hint}"

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import pandas as pd
 
 from profiler.capture.artifacts import plain, save_trace, write_json
 from profiler.capture.backends import CapturePlan, CaptureResult
+from profiler.trace.model import Trace
 
 ROOF_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 CEILING_CHOICES = ("measured", "quick", "table", "none")
@@ -104,13 +105,25 @@ def summarise(result: CaptureResult) -> dict[str, Any]:
     }
 
 
+def with_ceilings(trace: Trace, ceilings_json: Optional[Mapping[str, Any]]) -> Trace:
+    """`trace` whose meta["capture"] records the roofs its roofline was made against (as
+    summary.json's roofline_ceilings), so later analyses of the Trace (`analyze DIR`, the
+    dashboard's pages) reuse them; `trace` itself when there were none."""
+    if not ceilings_json:
+        return trace
+    meta = dict(trace.meta)
+    meta["capture"] = {**dict(meta.get("capture") or {}), "roofline_ceilings": dict(ceilings_json)}
+    return Trace(trace.events, meta, trace.memory, trace.counters)
+
+
 def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceilings: str = "measured",
                   extra: Optional[dict] = None) -> dict[str, Any]:
     """Write trace/ (Parquet + meta.json), roofline.csv (or why not) and summary.json."""
     out_dir = Path(out_dir)
-    files = {f"trace_{k}": str(p) for k, p in save_trace(result.trace, out_dir / "trace").items()}
-    files["kineto_json"] = sorted(str(p) for p in out_dir.glob("kineto_rank*.pt.trace.json"))
     roof, roof_reason, used = write_roofline_with_ceilings(result.trace, plan, ceilings, out_dir)
+    trace = with_ceilings(result.trace, plain(used.to_json()) if used is not None else None)
+    files = {f"trace_{k}": str(p) for k, p in save_trace(trace, out_dir / "trace").items()}
+    files["kineto_json"] = sorted(str(p) for p in out_dir.glob("kineto_rank*.pt.trace.json"))
     files["roofline"] = str(roof) if roof else str(out_dir / "roofline_missing.txt")
     if roof and (out_dir / MODULES_CSV).is_file():
         files["roofline_modules"] = str(out_dir / MODULES_CSV)

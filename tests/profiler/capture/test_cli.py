@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -35,6 +37,22 @@ def test_capture_writes_everything(tmp_path):
     used = summary["roofline_ceilings"]
     assert used["source"] == "measured" and used["mem_bw_bytes_per_s"] > 0
     assert roof and {float(r["peak_flops_per_s"]) for r in roof} == {used["peak_flops_per_s"]["fp32"]}
+    # per module: the MLP's Linear layers (Sequential.0, .2) with their addmm FLOPs, as roofline.csv's
+    with open(out / "roofline_modules.csv", newline="") as fh:
+        mods = {r["module"]: float(r["flops"]) for r in csv.DictReader(fh)}
+    addmm = sum(float(r["flops"]) for r in roof if r["name"] == "aten::addmm")
+    assert mods["Sequential.0"] + mods["Sequential.2"] == addmm > 0
+    # the saved Trace keeps the roofs it was measured against: `analyze DIR` makes the same roofline
+    meta = json.loads((out / "trace" / "meta.json").read_text())
+    assert meta["capture"]["roofline_ceilings"] == used
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "profiler", "analyze", str(out), "--json", str(report)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    analysed = json.loads(report.read_text())["analyses"]["roofline"]
+    assert analysed["reason"] is None and analysed["ceilings"] == used
+    got = {r["module"]: r["flops"] for r in analysed["by_module"]["records"]}
+    assert got == pytest.approx(mods)
 
 
 def test_kineto_log_level_set_by_the_user_is_kept(tmp_path):
