@@ -99,6 +99,26 @@ def _top_cpu_ops(report: dict[str, Any], top: int) -> list[str]:
     return out
 
 
+def _roofline_lines(report: dict[str, Any], top: int) -> list[str]:
+    """Where the time above the roof is: the op types and modules with the most headroom, when the
+    trace carries FLOPs and bytes and has roofs (a capture folder; nothing for a plain upload)."""
+    roof = (report.get("analyses") or {}).get("roofline") or {}
+    ceilings = roof.get("ceilings") or {}
+    out: list[str] = []
+    for key, label, name_of in (("by_op_type", "op types", lambda r: r["name"]),
+                                ("by_module", "modules (own ops, forward + backward)", lambda r: r["module"])):
+        rows = sorted(((roof.get(key) or {}).get("records") or []), key=lambda r: -(r.get("headroom_us") or 0.0))[:top]
+        if not rows:
+            continue
+        if not out:
+            out += ["", f"roofline against {ceilings.get('source', '?')} roofs "
+                        f"(bytes: algorithmic lower bound; headroom = time - time at the roof):"]
+        out += [f"top {label} by headroom:", f"  {'headroom µs':>12} {'time µs':>12} {'% of roof':>9} {'bound':<7}  name"]
+        out += [f"  {r['headroom_us'] or 0.0:>12,.1f} {r['dur_us'] or 0.0:>12,.1f} {r['pct_of_roof'] or 0.0:>8.3g}% "
+                f"{str(r['bound']):<7}  {_short(name_of(r))}" for r in rows]
+    return out
+
+
 def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
     """The terminal summary, built from the report dict only (so it shows what the JSON holds)."""
     t = report["trace"]
@@ -137,6 +157,7 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
         if dur > 0:
             parts = ", ".join(f"{c.removesuffix('_us')} {100 * sum(s[c] or 0.0 for s in steps) / dur:.0f}%" for c in cats)
             lines.append(f"step time ({len(steps)} step window(s), {dur:,.0f} µs): {parts}")
+    lines += _roofline_lines(report, top)
     findings = report.get("findings") or []
     lines += ["", f"findings ({len(findings)}; each saving is for that fix alone, they overlap):"
               if findings else "findings: none"]

@@ -131,6 +131,7 @@ def test_cli_on_a_cpu_only_capture_folder_and_its_kineto_json(tmp_path):
         p = analyze(str(target), "--json", str(out))
         assert p.returncode == 0, p.stderr
         assert "no GPU activity" in p.stdout and "top CPU ops by self time" in p.stdout and "aten::addmm" in p.stdout
+        assert "roofline against" not in p.stdout  # no roofs (--ceilings none; a CPU upload has none)
         r = strict_load(out)
         assert r["errors"] == {} and r["kernel_breakdown"] == [] and isinstance(r["findings"], list)
         assert r["comm_comp_overlap_pct"] == {"0": None}

@@ -49,6 +49,8 @@ def test_capture_writes_everything(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "profiler", "analyze", str(out), "--json", str(report)], cwd=ROOT,
                           capture_output=True, text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
+    assert "top op types by headroom" in proc.stdout and "aten::addmm" in proc.stdout
+    assert "top modules (own ops, forward + backward) by headroom" in proc.stdout and "Sequential.2" in proc.stdout
     analysed = json.loads(report.read_text())["analyses"]["roofline"]
     assert analysed["reason"] is None and analysed["ceilings"] == used
     got = {r["module"]: r["flops"] for r in analysed["by_module"]["records"]}
