@@ -49,30 +49,42 @@ class _CrossEntropyFunction(torch.autograd.Function):
     """Forward keeps the logits and the fp32 log-sum-exp per row; backward recomputes softmax."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, label_smoothing, reduction, provider):
+    def forward(ctx, logits, target, ignore_index, label_smoothing, reduction, provider, out_dtype):
         ops = ROW_OPS[provider]  # logits have a unit last stride (`_fused`)
         t = target.to(torch.long).contiguous()
         loss_rows, lse = ops.forward(logits, t, ignore_index, float(label_smoothing))
         valid = t != ignore_index
         ctx.save_for_backward(logits, t, lse, valid)
-        ctx.args = (ignore_index, float(label_smoothing), reduction, provider)
-        return reduce_rows(loss_rows, valid, reduction, logits.dtype)
+        ctx.args = (ignore_index, float(label_smoothing), reduction, provider, out_dtype)
+        return reduce_rows(loss_rows, valid, reduction, out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, t, lse, valid = ctx.saved_tensors
-        ignore_index, eps, reduction, provider = ctx.args
+        ignore_index, eps, reduction, provider, out_dtype = ctx.args
         if eager_backward(grad_out):  # the reference's gradient, from eager ops: differentiable, batchable
             def loss(logits):
-                return _reference(logits.float(), t, ignore_index, eps, reduction).to(logits.dtype)
-            return vjp_of(loss, (x,), (True,), (grad_out,))[0], None, None, None, None, None
+                return _reference(logits.float(), t, ignore_index, eps, reduction).to(out_dtype)
+            return vjp_of(loss, (x,), (True,), (grad_out,))[0], None, None, None, None, None, None
         grad_rows = grad_rows_for(grad_out, valid, reduction).contiguous()
         grad = ROW_OPS[provider].backward(x, t, lse, grad_rows, ignore_index, eps)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
+
+
+def loss_dtype(logits: torch.Tensor) -> torch.dtype:
+    """The logits' dtype, or float32 inside an autocast region for their device: autocast runs
+    F.cross_entropy in fp32 (its loss is fp32 there); the fused kernels already compute in fp32,
+    so they only keep the result at that precision (no fp32 copy of the logits)."""
+    if logits.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(logits.device.type):
+        return torch.float32
+    return logits.dtype
 
 
 def _reference(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
-    """Eager composition: log_softmax, gather the target, smoothing term, masked reduction."""
+    """Eager composition: log_softmax, gather the target, smoothing term, masked reduction (in
+    fp32 inside autocast, as autocast runs F.cross_entropy)."""
+    if loss_dtype(logits) != logits.dtype:
+        logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)  # [N, V]
     valid = target != ignore_index
     safe_t = torch.where(valid, target, torch.zeros_like(target))
@@ -95,7 +107,7 @@ def _fused(provider: str):
         if logits.stride(-1) != 1:  # a copy autograd records: the saved logits stay connected
             logits = logits.contiguous()
         return _CrossEntropyFunction.apply(logits, target, ignore_index, label_smoothing,
-                                           reduction, provider)
+                                           reduction, provider, loss_dtype(logits))
 
     run.__name__ = f"cross_entropy_{provider}"
     return run

@@ -210,6 +210,30 @@ def test_fused_linear_cross_entropy_under_autocast(provider, with_bias) -> None:
         assert err <= 2 * err_eager + 2 ** -8 * tr.abs().max().item(), (name, err, err_eager)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("provider", ["cpu", "reference", "aten"])
+def test_cross_entropy_of_autocast_logits_is_fp32_as_atens(provider, reduction) -> None:
+    """Inside CPU autocast, bf16 logits (an autocast matmul's) give an fp32 loss, as
+    F.cross_entropy does there (autocast runs it in fp32); the fused kernel returned bf16 and so
+    disagreed with the other providers. Grads stay in the logits' dtype; values equal F's on the
+    up-cast logits up to fp32 rounding."""
+    logits = make((37, 1001), torch.bfloat16, seed=30)
+    t = targets(37, 1001, ignore_rows=(3,))
+    results = []
+    for fn in (lambda z: cross_entropy(z, t, reduction=reduction, provider=provider),
+               lambda z: torch.nn.functional.cross_entropy(z, t, reduction=reduction)):
+        z = logits.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fn(z)
+        loss.sum().backward()
+        results.append((loss, z.grad))
+    (ours, g_ours), (want, g_want) = results
+    assert ours.dtype == want.dtype == torch.float32 and g_ours.dtype == g_want.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_ours, g_want, rtol=2 ** -7, atol=1e-6)  # within one bf16 rounding
+    assert cross_entropy(logits, t, provider=provider).dtype == torch.bfloat16  # outside autocast: as before
+
+
 def test_fused_linear_cross_entropy_mixed_dtypes_need_autocast() -> None:
     """bf16 hidden states with an fp32 head: eager's F.linear takes them under autocast only; so do we."""
     x, w, t = make((16, 32), torch.bfloat16, 20), make((300, 32), seed=21, scale=0.3), targets(16, 300)
