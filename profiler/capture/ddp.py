@@ -21,7 +21,7 @@ import queue
 import socket
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import pandas as pd
 import torch
@@ -41,7 +41,7 @@ def _free_port() -> int:
 def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
                       batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
                       progress: Optional[ProgressFn] = None,
-                      on_unused: Optional[Any] = None) -> CaptureResult:
+                      on_unused: Optional[Callable[[list[str]], None]] = None) -> CaptureResult:
     """Inside an initialised (or torchrun-configured) process group: capture this rank under DDP.
     `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters)."""
     import torch.distributed as dist

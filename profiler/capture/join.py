@@ -17,11 +17,14 @@ recorded step, the same program every step) is matched greedily in order:
   every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
 
 Matched ops without recorded shapes (record_shapes off, the default) get `input_dims` and
-`input_types` from the cost pass, in Kineto's format, and every matched op a `module` column: the
-innermost nn.Module (qualified name) whose forward or backward ran it in the cost pass. GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost of the matched op that launched them: their
-External id names the innermost launching cpu_op, and the matched op containing it on the same
-thread is found by interval. One op with several GPU rows splits its FLOPs and bytes over them in
-proportion to their duration. Bytes are an algorithmic lower bound (inputs + outputs, views 0).
+`input_types` from the cost pass, in Kineto's format, and every matched op its `module`: the
+innermost nn.Module (qualified name) whose forward or backward ran it in the cost pass.
+
+GPU rows (kernel, gpu_memcpy, gpu_memset) get the cost and module of the matched op that launched
+them: their External id names the innermost launching cpu_op, and the matched op containing it on
+the same thread is found by interval. One op with several GPU rows splits its FLOPs and bytes over
+them in proportion to their duration. Bytes are an algorithmic lower bound (inputs + outputs,
+views 0).
 
 Mismatches are never guessed at: `JoinStats` counts matched and unmatched ops (with the most
 common unmatched names) and goes into `Trace.meta["capture"]["join"]`.
