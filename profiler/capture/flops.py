@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -303,6 +304,24 @@ def record_costs(step_fn: Callable[[int], None], steps: int = 1, first_step: int
                 recorder.mark_step()
             step_fn(first_step + i)
     return recorder.frame()
+
+
+WRAPPERS = (("DistributedDataParallel", "module"), ("OptimizedModule", "_orig_mod"))  # class, attribute
+
+
+def unwrapped_names(costs: pd.DataFrame, model: torch.nn.Module) -> pd.DataFrame:
+    """`costs` whose module names start at the user's model, not at its wrappers: a DDP or
+    torch.compile'd model's ops are recorded as `DistributedDataParallel.module.<child>` /
+    `OptimizedModule._orig_mod.<child>`; they become `<ModelClass>.<child>`, as an unwrapped
+    capture names them."""
+    prefix, inner = type(model).__name__, model
+    for cls, attr in WRAPPERS * 2:  # DDP around a compiled model, or the other way round
+        if type(inner).__name__ == cls and isinstance(getattr(inner, attr, None), torch.nn.Module):
+            prefix, inner = f"{prefix}.{attr}", getattr(inner, attr)
+    if inner is model or "module" not in costs:
+        return costs
+    names = costs["module"].astype("string")
+    return costs.assign(module=names.str.replace(rf"^{re.escape(prefix)}(?=\.|$)", type(inner).__name__, regex=True))
 
 
 def costs_of(fn: Callable[[], Any]) -> pd.DataFrame:

@@ -294,10 +294,10 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     costs = None
     t1 = time.perf_counter()
     if plan.flops:
-        from profiler.capture.flops import record_costs
+        from profiler.capture.flops import record_costs, unwrapped_names
 
         say(0, plan.steps, "counting FLOPs and bytes (untimed pass)")
-        costs = record_costs(step, 1, first_step=-2)
+        costs = unwrapped_names(record_costs(step, 1, first_step=-2), loaded.model)
         costs.to_parquet(out_dir / f"op_costs_rank{_rank()}.parquet", index=False)
     flops_s = time.perf_counter() - t1
     say(0, plan.steps, f"running {plan.steps} steps ({plan.wait} wait, {plan.warmup} warm-up, {plan.active} active)")

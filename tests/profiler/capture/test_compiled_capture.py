@@ -40,6 +40,10 @@ def test_compiled_model_is_profiled_compiled(tmp_path, backend: str) -> None:
     # what the note's share says: the FLOPs on profiled events over the pass's FLOPs x steps
     share = ev["flops"].sum() / (costs["flops"] * join["steps"])
     assert f"{share:.0%} of its FLOPs" in note
+    # modules are named from the user's model, as an uncompiled capture names them (not
+    # OptimizedModule._orig_mod.*): the wrapper torch.compile adds is left out
+    modules = set(ev["module"].dropna().astype(str))
+    assert modules and all(m.startswith("Sequential.") for m in modules), modules
 
 
 def test_eager_model_has_no_compiled_note(tmp_path) -> None:

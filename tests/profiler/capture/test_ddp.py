@@ -26,6 +26,11 @@ def test_two_rank_gloo_capture(tmp_path):
     joins = res.trace.meta["capture"]["join_per_rank"]
     assert sorted(joins) == [0, 1] and all(j["match_rate"] == 1.0 for j in joins.values()), joins
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == []  # DDP's default (no detection) kept
+    # each rank's ops name the MLP's layers as an unwrapped capture does (Sequential.0, not
+    # DistributedDataParallel.module.0)
+    for rank in (0, 1):
+        names = set(ev.loc[ev["rank"] == rank, "module"].dropna().astype(str))
+        assert {"Sequential.0", "Sequential.2"} <= names and not any("Distributed" in n for n in names), names
 
 
 def test_parameters_the_loss_does_not_use(tmp_path):
