@@ -134,7 +134,12 @@ if summary.get("sources_off"):
     st.table(pv.sources_off_frame(summary["sources_off"]), hide_index=True, border="horizontal")
 
 roof = pv.roofline_frame(outcome.roofline)
-chart = pv.roofline_chart(outcome.roofline, summary.get("roofline_ceilings"), outcome.request.plan.dtype)
+points = outcome.roofline
+if outcome.roofline is not None and outcome.roofline_modules is not None:
+    per = st.radio("Roofline points", ["op types", "modules"], horizontal=True, key="profile_roofline_points",
+                   help="one marker per op type (roofline.csv) or per nn.Module (roofline_modules.csv)")
+    points = outcome.roofline_modules if per == "modules" else outcome.roofline
+chart = pv.roofline_chart(points, summary.get("roofline_ceilings"), outcome.request.plan.dtype)
 if chart is not None:
     st.plotly_chart(chart, width="stretch", key="profile_roofline_chart")
 st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} op types by headroom**")

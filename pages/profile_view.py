@@ -369,7 +369,8 @@ def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) ->
 
 
 def roofline_chart(roofline: Optional[pd.DataFrame], used: Optional[Mapping[str, Any]], dtype: str) -> Optional[Any]:
-    """The roofline figure of the run's per-op-type table (roofline.csv) under the roofs it used.
+    """The roofline figure of the run's per-op-type table (roofline.csv), or of its per-module table
+    (roofline_modules.csv: one marker per module), under the roofs it used.
 
     None when there is no table or no recorded ceilings (the page already says why). `dtype` is the
     capture's torch dtype name; its roof is drawn, fp32's when the ceilings have no peak for it (as
@@ -377,6 +378,10 @@ def roofline_chart(roofline: Optional[pd.DataFrame], used: Optional[Mapping[str,
     """
     if roofline is None or roofline.empty or not used:
         return None
+    by_module = "module" in roofline.columns and "name" not in roofline.columns
+    what = "modules" if by_module else "op types"
+    if by_module:
+        roofline = roofline.assign(name=roofline["module"])
     from profiler.capture.devices import Ceilings
     from profiler.capture.report import ROOF_DTYPES
     from profiler.present.roofline import roofline_figure
@@ -385,4 +390,5 @@ def roofline_chart(roofline: Optional[pd.DataFrame], used: Optional[Mapping[str,
     roof_dtype = ROOF_DTYPES.get(dtype, "fp32")
     if ceilings.peak_for(roof_dtype) is None:
         roof_dtype = "fp32"
-    return roofline_figure(roofline, ceilings, roof_dtype, title="Roofline: every op type with FLOPs and bytes")
+    return roofline_figure(roofline, ceilings, roof_dtype, title=f"Roofline: every {what[:-1]} with FLOPs and bytes",
+                           what=what)

@@ -82,9 +82,10 @@ def _plotly_array(value) -> list:
     return list(value)
 
 
-def _check_roofline_chart(at: AppTest, folder: Path) -> None:
-    """One plotly chart: the run's roofs (summary.json) and one marker per roofline.csv op type that
-    has positive, finite intensity and FLOP/s (the rest are counted in the subtitle)."""
+def _check_roofline_chart(at: AppTest, folder: Path, table: str = "roofline.csv") -> None:
+    """One plotly chart: the run's roofs (summary.json) and one marker per row of `table` (op types,
+    or modules for roofline_modules.csv) that has positive, finite intensity and FLOP/s (the rest
+    are counted in the subtitle)."""
     import plotly.io as pio
 
     (chart,) = at.get("plotly_chart")
@@ -93,7 +94,7 @@ def _check_roofline_chart(at: AppTest, folder: Path) -> None:
     peak, bw = used["peak_flops_per_s"]["fp32"], used["mem_bw_bytes_per_s"]
     slope, flat = fig.data[0], fig.data[1]
     assert flat.y[0] == pytest.approx(peak / 1e9) and slope.x[-1] == pytest.approx(peak / bw)
-    csv = pd.read_csv(folder / "roofline.csv")
+    csv = pd.read_csv(folder / table)
     ok = (csv["flops"] > 0) & (csv["bytes_moved"] > 0)
     marks = [t for t in fig.data if t.name.endswith("-bound")]
     got = sorted(x for t in marks for x in _plotly_array(t.x))
@@ -147,6 +148,10 @@ def test_zoo_capture_becomes_current_trace(mode, data_dir):
         assert (first, second) == (2 * (2 * b * f * h) + b * h, 3 * (2 * b * h * o) + b * o)
     assert {b.label for b in at.get("download_button")} == {"Download roofline CSV", "Download per-module roofline CSV",
                                                            "Download summary JSON"}
+    at.radio(key="profile_roofline_points").set_value("modules").run()  # one marker per module
+    assert not at.exception
+    _check_roofline_chart(at, folder, "roofline_modules.csv")
+    assert "Roofline: every module" in str(at.get("plotly_chart")[0].proto.spec)
 
     at.switch_page("pages/load.py").run()  # the Load page shows the captured trace
     assert not at.exception
