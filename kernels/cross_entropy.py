@@ -3,8 +3,10 @@
 `cross_entropy(logits, target)` with logits [N, V] (class dim last, the language-model layout)
 and int targets [N]. Supported: reduction "mean" (default), "sum", "none"; `ignore_index`
 (default -100; ignored rows add nothing and are not counted in the mean); `label_smoothing`
-(PyTorch's definition). Not supported: class weights, probability targets, the class dim at 1
-of a >2-D input (flatten to [tokens, vocab] first). float32/bfloat16/float16; the math is fp32.
+(PyTorch's definition). Not supported by the function: class weights, probability targets, the
+class dim at 1 of a >2-D input (flatten to [tokens, vocab] first); the module `CrossEntropyLoss`
+takes all of nn.CrossEntropyLoss's inputs (see its docstring). float32/bfloat16/float16; the math
+is fp32.
 
 Providers: `cpu` (C++, kernels/csrc/cross_entropy.cpp), `triton` (CUDA), `aten`
 (`F.cross_entropy`), and the eager `reference` (log_softmax, gather, mean). The fused kernels
@@ -163,18 +165,37 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
 
 class CrossEntropyLoss(nn.Module):
-    """Module form of `cross_entropy` (a drop-in for nn.CrossEntropyLoss on [N, V] logits)."""
+    """Drop-in for nn.CrossEntropyLoss: its arguments in its order (the legacy size_average/reduce
+    too), its `weight` buffer, and its inputs. Class-index targets run the fused `cross_entropy`:
+    logits [N, C], [C] (one sample) or [N, C, d1, ...] (the class dim is moved last first, one
+    copy; the "none" loss comes back as [N, d1, ...]). Class weights and probability targets run
+    F.cross_entropy (the fused kernels take neither); asking for a fused provider then raises."""
 
-    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
-                 reduction: str = "mean", provider: str | None = None) -> None:
+    def __init__(self, weight: torch.Tensor | None = None, size_average=None, ignore_index: int = -100,
+                 reduce=None, reduction: str = "mean", label_smoothing: float = 0.0, *,
+                 provider: str | None = None) -> None:
         super().__init__()
+        if size_average is not None or reduce is not None:
+            reduction = nn._reduction.legacy_get_string(size_average, reduce)
+        self.register_buffer("weight", weight)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
         self.reduction, self.provider = reduction, provider
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits, target, ignore_index=self.ignore_index,
-                             label_smoothing=self.label_smoothing, reduction=self.reduction,
-                             provider=self.provider)
+        kw = dict(ignore_index=self.ignore_index, label_smoothing=self.label_smoothing, reduction=self.reduction)
+        if self.weight is not None or target.is_floating_point():
+            if self.provider not in (None, "aten", "reference"):
+                raise CrossEntropyError(f"cross_entropy: provider {self.provider!r} takes neither class weights "
+                                        "nor probability targets (F.cross_entropy does: provider None or 'aten')")
+            return F.cross_entropy(logits, target, weight=self.weight, **kw)
+        if logits.dim() == 1:  # one sample: [C] against a 0-dim target
+            out = cross_entropy(logits[None], target.reshape(1), provider=self.provider, **kw)
+            return out[0] if self.reduction == "none" else out
+        if logits.dim() > 2:  # [N, C, d1, ...]: classes last, then one row per position
+            rows = logits.movedim(1, -1).reshape(-1, logits.shape[1])
+            out = cross_entropy(rows, target.reshape(-1), provider=self.provider, **kw)
+            return out.view(target.shape) if self.reduction == "none" else out
+        return cross_entropy(logits, target, provider=self.provider, **kw)
 
 
 from kernels.linear_cross_entropy import (  # noqa: E402  (re-export; that module imports ours)

@@ -16,7 +16,7 @@ from kernels.cross_entropy import SPEC, CrossEntropyError, CrossEntropyLoss, cro
 from kernels.linear_cross_entropy import SPEC as FLCE_SPEC
 from kernels.linear_cross_entropy import default_chunk_size, fused_linear_cross_entropy
 from kernels.registry import select_provider
-from tests.kernels.numerics import (DTYPES, REPO_ROOT, check_against_reference, fwd_bwd, make,
+from tests.kernels.numerics import (DTYPES, REPO_ROOT, assert_matches, check_against_reference, fwd_bwd, make,
                                     run_in_triton_interpreter)
 
 SHAPES = ((1, 3), (1, 8), (3, 5), (17, 4099), (2, 32000), (4, 1))
@@ -124,6 +124,50 @@ def test_module_form() -> None:
     x, t = make((4, 9), seed=7), targets(4, 9)
     out = CrossEntropyLoss(label_smoothing=0.1, provider="cpu")(x, t)
     assert torch.allclose(out, SPEC.reference(x, t, label_smoothing=0.1), atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(6, 11), (11,), (3, 11, 4, 5), (2, 11, 7)], ids=str)
+def test_module_is_a_drop_in_for_nn_cross_entropy_loss(shape, reduction) -> None:
+    """nn.CrossEntropyLoss's inputs on the fused kernel: [N, C], one sample [C], and the class dim
+    at 1 of [N, C, d1, ...] (segmentation, per-position); loss and logits grad against torch's
+    module in float64 (fp32 here), with ignore_index and label smoothing."""
+    c = shape[1] if len(shape) > 1 else shape[0]
+    t_shape = (shape[0], *shape[2:]) if len(shape) > 1 else ()
+    t = torch.randint(0, c, t_shape, generator=torch.Generator().manual_seed(3))
+    if t.dim():
+        t.view(-1)[1] = -1  # an ignored position
+    kw = dict(ignore_index=-1, reduction=reduction, label_smoothing=0.05)
+    results = []
+    for mod, dtype in ((CrossEntropyLoss(provider="cpu", **kw), torch.float32),
+                       (torch.nn.CrossEntropyLoss(**kw), torch.float32), (torch.nn.CrossEntropyLoss(**kw), torch.float64)):
+        x = make(shape, torch.float32, seed=8).to(dtype).requires_grad_()
+        loss = mod(x, t)
+        (g,) = torch.autograd.grad(loss.sum(), x)
+        results.append((loss, g))
+    (ours, g_ours), (eager, g_eager), (truth, g_truth) = results
+    assert ours.shape == eager.shape and g_ours.shape == g_eager.shape
+    assert_matches([ours, g_ours], [eager, g_eager], [truth, g_truth], torch.float32)
+
+
+def test_module_weights_probability_targets_and_legacy_arguments() -> None:
+    """Class weights and probability targets run F.cross_entropy (the kernels take neither), a fused
+    provider asked for them raises; the weight is a buffer as in torch's module (state dicts load
+    both ways); size_average/reduce map to a reduction as torch's do."""
+    x, t = make((5, 7), seed=9), targets(5, 7)
+    w = torch.rand(7, generator=torch.Generator().manual_seed(1)) + 0.5
+    ours, ref = CrossEntropyLoss(w, label_smoothing=0.1), torch.nn.CrossEntropyLoss(w, label_smoothing=0.1)
+    torch.testing.assert_close(ours(x, t), ref(x, t))
+    probs = torch.softmax(make((5, 7), seed=10), -1)
+    torch.testing.assert_close(CrossEntropyLoss()(x, probs), torch.nn.CrossEntropyLoss()(x, probs))
+    with pytest.raises(CrossEntropyError, match="takes neither class weights"):
+        CrossEntropyLoss(w, provider="cpu")(x, t)
+    back = torch.nn.CrossEntropyLoss(torch.ones(7))
+    back.load_state_dict(ours.state_dict())
+    assert torch.equal(back.weight, w) and "weight" not in CrossEntropyLoss().state_dict()
+    with pytest.warns(UserWarning, match="size_average and reduce args will be deprecated"):  # torch's warning
+        legacy = (CrossEntropyLoss(size_average=False), torch.nn.CrossEntropyLoss(size_average=False))
+    assert legacy[0].reduction == legacy[1].reduction == "sum"
 
 
 # ---- fused linear + cross-entropy ------------------------------------------------------------
