@@ -45,9 +45,14 @@ if kind in ("zoo", "hf"):
                                        "are shown greyed when the field is empty")
     spec = name if kind == "zoo" else f"hf:{name}"
 else:
-    spec = st.text_input("Model spec", key="profile_spec", placeholder="path/to/file.py:build or package.module:build",
-                         help="A function returning (model, inputs); inputs a tuple or a dict of tensors. "
-                              "It may take batch=, device=, dtype= keywords.")
+    col_spec, col_set = st.columns([3, 2])
+    spec = col_spec.text_input("Model spec", key="profile_spec", placeholder="path/to/file.py:build or package.module:build",
+                               help="A function returning (model, inputs); inputs a tuple or a dict of tensors. "
+                                    "It may take a batch= keyword (the Batch field) and the keywords set beside; "
+                                    "the model and its inputs are then moved to the chosen device and dtype.")
+    settings = col_set.text_input("build() keywords (optional)", key="profile_spec_settings",
+                                  placeholder="e.g. layers=4, width=256",
+                                  help="KEY=VALUE keywords passed to build(), comma-separated (as the CLI's --set)")
     st.caption("⚠️ This imports and runs that Python code inside this server. Only specs typed here are "
                "imported, never uploaded files; relative paths start from the server's folder.")
 

@@ -194,6 +194,26 @@ def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path):
     assert at.session_state["fusionlens_trace_label"].startswith(f"captured: {good}:build, cpu/float32")
 
 
+def test_local_spec_takes_build_keywords_and_batch(tmp_path):
+    """The local spec's keyword field reaches build() as the CLI's --set does, the Batch field as
+    batch=; a keyword build() cannot take is one line naming its parameters."""
+    spec = tmp_path / "sized.py"
+    spec.write_text("import torch\n\ndef build(batch=3, width=5):\n"
+                    "    return torch.nn.Linear(width, 2), (torch.randn(batch, width),)\n")
+    at = _page()
+    at.radio(key="profile_kind").set_value("local").run()
+    at.text_input(key="profile_spec_settings").input("width=7")
+    at.number_input(key="profile_batch").set_value(4)
+    _local(at, f"{spec}:build")
+    assert not at.exception and not at.error
+    ev = at.session_state["fusionlens_trace"].events
+    dims = ev.loc[ev["name"].astype(str) == "aten::addmm", "input_dims"].dropna().astype(str)
+    assert dims.str.contains(r"\[4,7\]", regex=True).all() and len(dims)
+    at.text_input(key="profile_spec_settings").input("depth=2")
+    _local(at, f"{spec}:build")
+    assert len(at.error) == 1 and "does not take 'depth' (its parameters: batch, width)" in at.error[0].value
+
+
 def test_device_and_backend_choices_follow_this_machine():
     at = _page()
     cuda_ok = torch.cuda.is_available()
