@@ -1,10 +1,12 @@
-"""Load page: upload trace files, pick a bundled sample or a local path; show the summary."""
+"""Load page: upload trace files, pick a bundled sample, an earlier capture or a local path; show the summary."""
 from __future__ import annotations
 
 import streamlit as st
 
 from pages import load_view as lv
 from pages.state import current_trace, load_paths, load_uploaded, require_router, sample_traces, set_trace
+from profiler.capture.artifacts import recent_captures
+from profiler.capture.ceilings import data_dir
 from profiler.errors import FusionLensError
 from profiler.trace.summary import summarize
 
@@ -22,14 +24,21 @@ def _chose(source: str) -> None:
 
 uploads = st.file_uploader("Trace files", type=["json", "gz", "zip"], accept_multiple_files=True,
                            key="uploads", on_change=_chose, args=("uploads",))
-col_sample, col_path = st.columns(2)
+col_sample, col_capture, col_path = st.columns(3)
 samples = sample_traces()
+captures = recent_captures(data_dir() / "captures")
 with col_sample:
     sample = st.selectbox("…or a bundled sample trace", ["(none)"] + [p.name for p in samples],
                           key="sample", on_change=_chose, args=("sample",))
+with col_capture:
+    capture = st.selectbox("…or an earlier capture", ["(none)"] + [p.name for p in captures], key="capture",
+                           on_change=_chose, args=("capture",),
+                           help="Runs of the Profile page, newest first (their Parquet Trace, with FLOPs, "
+                                "modules and roofs)")
 with col_path:
-    local_path = st.text_input("…or a path on this machine (file, directory or .zip)", key="local_path",
-                               on_change=_chose, args=("local_path",))
+    local_path = st.text_input("…or a path on this machine", key="local_path", on_change=_chose,
+                               args=("local_path",), help="A trace file, a directory or .zip of them (several "
+                                                          "ranks), or a capture's output folder")
 
 
 def _try(label: str, loader, *args) -> bool:
@@ -47,7 +56,8 @@ def _try(label: str, loader, *args) -> bool:
     return True
 
 
-asked = {"uploads": bool(uploads), "sample": sample != "(none)", "local_path": bool(local_path.strip())}
+asked = {"uploads": bool(uploads), "sample": sample != "(none)", "capture": capture != "(none)",
+         "local_path": bool(local_path.strip())}
 source = st.session_state.get(SOURCE_KEY)
 if not asked.get(source):  # the last-changed input was cleared: the first one still filled in
     source = next((k for k, filled in asked.items() if filled), None)
@@ -58,6 +68,9 @@ if source == "uploads":
 elif source == "sample":
     path = next(p for p in samples if p.name == sample)
     loaded = _try(sample, load_paths, [str(path)])
+elif source == "capture":
+    folder = next(p for p in captures if p.name == capture)
+    loaded = _try(f"capture {capture}", load_paths, [str(folder)])
 elif source == "local_path":
     loaded = _try(local_path.strip(), load_paths, [local_path.strip()])
 

@@ -39,6 +39,11 @@ def _load_blobs(key: str, _blobs: tuple[tuple[str, bytes], ...]) -> Trace:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _load_paths(paths: tuple[str, ...], mtimes: tuple[float, ...]) -> Trace:
+    from profiler.capture.artifacts import load_saved_trace, saved_trace_folder
+
+    saved = saved_trace_folder(paths[0]) if len(paths) == 1 else None
+    if saved is not None:  # a capture's folder: its Parquet Trace keeps FLOPs, modules and roofs
+        return load_saved_trace(saved)
     return load_trace(list(paths) if len(paths) > 1 else paths[0])
 
 
@@ -47,8 +52,16 @@ def load_uploaded(blobs: list[tuple[str, bytes]]) -> Trace:
 
 
 def load_paths(paths: list[str]) -> Trace:
-    mtimes = tuple(Path(p).stat().st_mtime if Path(p).exists() else 0.0 for p in paths)
+    """Trace files, a directory or .zip of them, or a saved capture folder (cached per path and mtime)."""
+    mtimes = tuple(_mtime(Path(p)) for p in paths)
     return _load_paths(tuple(paths), mtimes)
+
+
+def _mtime(p: Path) -> float:
+    """A path's mtime; a saved Trace folder's is its meta.json's (rewritten with every save)."""
+    meta = p / "trace" / "meta.json" if (p / "trace").is_dir() else p / "meta.json"
+    target = meta if meta.is_file() else p
+    return target.stat().st_mtime if target.exists() else 0.0
 
 
 def current_trace() -> Trace | None:

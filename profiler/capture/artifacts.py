@@ -66,6 +66,27 @@ def save_trace(trace: Trace, folder: str | Path) -> dict[str, Path]:
     return paths
 
 
+def saved_trace_folder(path: str | Path) -> Path | None:
+    """The saved-Trace folder (Parquet + meta.json, as `capture` writes) that `path` names: the
+    folder itself, a capture's `--out` folder holding one under `trace/`, or one of its Parquet
+    files; None otherwise."""
+    p = Path(path)
+    for folder in (p, p / "trace", p.parent if p.suffix == ".parquet" else p):
+        if (folder / "events.parquet").is_file() and (folder / "meta.json").is_file():
+            return folder
+    return None
+
+
+def recent_captures(root: str | Path, limit: int = 30) -> list[Path]:
+    """Capture `--out` folders under `root` (the dashboard's `<data dir>/captures`) that hold a
+    saved Trace, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if d.is_dir() and (d / "trace" / "meta.json").is_file()]
+    return sorted(found, key=lambda d: (d / "trace" / "meta.json").stat().st_mtime, reverse=True)[:limit]
+
+
 def load_saved_trace(folder: str | Path) -> Trace:
     """Read a folder written by `save_trace`; TraceError (one line) when it is incomplete."""
     folder = Path(folder)

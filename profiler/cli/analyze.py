@@ -45,19 +45,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse traces that decompress to more than this (default 4)")
 
 
-def saved_trace_folder(path: str) -> Path | None:
-    """The saved-Trace folder (Parquet + meta.json, as `capture` writes) that `path` names: the
-    folder itself or a capture's `--out` folder holding one under `trace/`; None otherwise."""
-    p = Path(path)
-    for folder in (p, p / "trace", p.parent if p.suffix == ".parquet" else p):
-        if (folder / "events.parquet").is_file() and (folder / "meta.json").is_file():
-            return folder
-    return None
-
-
 def _load(paths: list[str], max_gb: float):
     """Trace files (JSON, one per rank) through ingestion, or one saved Trace folder as it is (a
     capture's Parquet Trace keeps its joined FLOPs and bytes, which its Kineto JSON lacks)."""
+    from profiler.capture.artifacts import saved_trace_folder
     from profiler.trace import load_trace
     from profiler.trace.model import TraceError
 

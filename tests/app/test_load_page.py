@@ -54,3 +54,29 @@ def test_bad_local_path_is_one_line_error(tmp_path):
     assert len(at.error) == 1
     assert "broken.json" in at.error[0].value
     assert "\n" not in at.error[0].value.strip()
+
+
+def test_an_earlier_capture_reopens_with_its_flops_modules_and_roofs(tmp_path, monkeypatch):
+    """A Profile-page run saved under <data dir>/captures is offered on the Load page (newest first)
+    and reopens from its Parquet Trace: FLOPs, modules and the roofs it was measured against, which
+    its Kineto JSON lacks. A capture folder typed as a local path loads the same way."""
+    from profiler.capture.backends import CapturePlan
+    from profiler.capture.report import write_outputs
+    from profiler.capture.runner import capture
+
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
+    folder = tmp_path / "captures" / "mlp-20261201-000000"
+    plan = CapturePlan(mode="infer", wait=0, warmup=0, active=1)
+    write_outputs(capture("mlp", plan, folder, size="tiny"), plan, folder, "quick")
+    at = _app().run()
+    assert at.selectbox(key="capture").options == ["(none)", folder.name]
+    at.selectbox(key="capture").select(folder.name).run()
+    assert not at.exception and not at.error
+    trace = at.session_state["fusionlens_trace"]
+    assert trace.events["flops"].sum() > 0 and trace.events["module"].notna().any()
+    assert trace.meta["capture"]["roofline_ceilings"]["source"] == "measured"
+    assert at.subheader[0].value == f"capture {folder.name}"
+    at.selectbox(key="capture").select("(none)").run()
+    at.text_input(key="local_path").input(str(folder)).run()
+    assert not at.exception and not at.error
+    assert at.session_state["fusionlens_trace"].events["flops"].sum() == trace.events["flops"].sum()
