@@ -47,7 +47,9 @@ def _summary(result, backend: str, out_dir: Path) -> dict:
     out = {"backend": backend, "kernel_count": int(len(kernels)), "kernel_time_us": float(kernels["dur_us"].sum()),
            "memcpy_count": int((ev["kind"] == "gpu_memcpy").sum()), "memset_count": int((ev["kind"] == "gpu_memset").sum()),
            "kernels_with_external_id": int(kernels["external_id"].notna().sum()),
-           "kernels_with_flops": int(kernels["flops"].notna().sum()), "cpu_ops": int((ev["kind"] == "cpu_op").sum()),
+           "kernels_with_flops": int(kernels["flops"].notna().sum()),
+           "kernels_with_module": int(kernels["module"].notna().sum()) if "module" in kernels else 0,
+           "cpu_ops": int((ev["kind"] == "cpu_op").sum()),
            "sources_off": dict(result.sources_off), "timings_s": dict(result.timings),
            "device_properties": [dict(p) for p in trace.meta.get("device_properties", ())][:1],
            "nvml_counter_hz_in_capture": nvml_hz, "kernel_names": sorted(str(n) for n in kernels["name"].unique()),
@@ -59,7 +61,10 @@ def _summary(result, backend: str, out_dir: Path) -> dict:
     out["roofline"] = {"ceilings": roof.ceilings.source if roof.ceilings else None, "reason": roof.reason,
                        "excluded": dict(roof.excluded), "points": int(len(roof.points)),
                        "top_headroom": roof.by_op_type.head(8)[["kind", "name", "dtype", "count", "dur_us", "bound",
-                                                               "pct_of_roof", "headroom_us"]].to_dict("records")}
+                                                               "pct_of_roof", "headroom_us"]].to_dict("records"),
+                       "top_modules": (roof.by_module.head(8)[["module", "dtype", "count", "dur_us", "bound", "pct_of_roof",
+                                                               "headroom_us"]].to_dict("records")
+                                       if roof.by_module is not None else [])}
     return out
 
 

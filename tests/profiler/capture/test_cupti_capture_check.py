@@ -77,3 +77,17 @@ def test_without_cuda_it_says_so_and_exits_2(tmp_path, capsys):
     assert cc.main(["--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "s")]) == 2
     assert "no CUDA device" in capsys.readouterr().out
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_kineto_worker_smoke_on_the_cpu(tmp_path):
+    """The worker the GPU check runs, on this CPU (`--device cpu`): its summary JSON has every key
+    the comparison reads, and the per-module fields the GPU run reports (empty here: no kernels,
+    and a CPU trace has no datasheet roofs)."""
+    result = tmp_path / "kineto.json"
+    assert cc.worker("kineto", "mlp", "infer", "float32", tmp_path, result, device="cpu") == 0
+    summary = json.loads(result.read_text())
+    for key in ("kernel_count", "kernel_time_us", "kernels_with_external_id", "kernels_with_flops",
+                "kernels_with_module", "cpu_ops", "kernel_names", "roofline"):
+        assert key in summary, key
+    assert summary["cpu_ops"] > 0 and summary["kernel_count"] == summary["kernels_with_module"] == 0
+    assert summary["roofline"]["top_modules"] == [] and "no ceilings" in summary["roofline"]["reason"]
