@@ -139,11 +139,17 @@ if summary.get("sources_off"):
     st.table(pv.sources_off_frame(summary["sources_off"]), hide_index=True, border="horizontal")
 
 roof = pv.roofline_frame(outcome.roofline)
-points = outcome.roofline
-if outcome.roofline is not None and outcome.roofline_modules is not None:
-    per = st.radio("Roofline points", ["op types", "modules"], horizontal=True, key="profile_roofline_points",
-                   help="one marker per op type (roofline.csv) or per nn.Module (roofline_modules.csv)")
-    points = outcome.roofline_modules if per == "modules" else outcome.roofline
+points, modules, depth = outcome.roofline, outcome.roofline_modules, pv.OWN_OPS
+if outcome.roofline is not None and modules is not None:
+    col_per, col_depth = st.columns(2)
+    per = col_per.radio("Roofline points", ["op types", "modules"], horizontal=True, key="profile_roofline_points",
+                        help="one marker per op type (roofline.csv) or per nn.Module (roofline_modules.csv)")
+    depth = col_depth.selectbox("Modules", [pv.OWN_OPS, *pv.module_depths(modules)], key="profile_module_depth",
+                                format_func=lambda d: d if d == pv.OWN_OPS else f"summed to depth {d} (with their children)",
+                                help="each module's own ops, or every module summed into its ancestor at that depth "
+                                     "of the name (Model.blocks.0 at depth 3)")
+    modules = pv.modules_at_depth(modules, depth, summary.get("roofline_ceilings"))
+    points = modules if per == "modules" else outcome.roofline
 chart = pv.roofline_chart(points, summary.get("roofline_ceilings"), outcome.request.plan.dtype)
 if chart is not None:
     st.plotly_chart(chart, width="stretch", key="profile_roofline_chart")
@@ -165,11 +171,13 @@ else:
         "roof GFLOP/s": num(format="%.3g", help="what the roof allows at this intensity: min(peak, intensity x bandwidth)"),
         "% of roof": num(format="%.3g %%", help="time at the roof / measured time")}
     st.dataframe(roof, hide_index=True, width="stretch", height="content", column_config=roof_columns)
-    by_module = pv.roofline_frame(outcome.roofline_modules)
+    by_module = pv.roofline_frame(modules)
     if not by_module.empty:
         st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} modules by headroom**")
-        st.caption("Each nn.Module's own ops (not its children's), forward and backward together, named as "
-                   "in the model (qualified names); ops outside any module, such as the optimizer step, are left out.")
+        whose = ("Each nn.Module's own ops (not its children's)" if depth == pv.OWN_OPS else
+                 f"Each module at depth {depth} with all of its children's ops")
+        st.caption(f"{whose}, forward and backward together, named as in the model (qualified names); ops "
+                   "outside any module, such as the optimizer step, are left out.")
         st.dataframe(by_module, hide_index=True, width="stretch", height="content", column_config=roof_columns)
 
 st.markdown("**Files written**")

@@ -368,6 +368,25 @@ def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) ->
     }).reset_index(drop=True)
 
 
+OWN_OPS = "own ops"
+
+
+def module_depths(modules: pd.DataFrame) -> list[int]:
+    """Depths a per-module table can be summed to: 1 .. one less than its deepest name."""
+    deepest = int(modules["module"].astype(str).str.count(r"\.").max()) + 1 if len(modules) else 1
+    return list(range(1, deepest))
+
+
+def modules_at_depth(modules: Optional[pd.DataFrame], depth: Any, used: Optional[Mapping[str, Any]]) -> Optional[pd.DataFrame]:
+    """The per-module table as chosen: each module's own ops (OWN_OPS), or summed up the module tree
+    to `depth` (`profiler.analysis.roofline.rollup_modules`, against the run's memory roof)."""
+    if modules is None or depth == OWN_OPS or not used:
+        return modules
+    from profiler.analysis.roofline import rollup_modules
+
+    return rollup_modules(modules, int(depth), float(used["mem_bw_bytes_per_s"]))
+
+
 def roofline_chart(roofline: Optional[pd.DataFrame], used: Optional[Mapping[str, Any]], dtype: str) -> Optional[Any]:
     """The roofline figure of the run's per-op-type table (roofline.csv), or of its per-module table
     (roofline_modules.csv: one marker per module), under the roofs it used.

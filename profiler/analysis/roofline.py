@@ -191,15 +191,38 @@ def aggregate(points: pd.DataFrame, by: tuple[str, ...] = ("kind", "name", "dtyp
                 bytes_moved=("bytes_moved", "sum"), time_at_roof_us=("time_at_roof_us", "sum"),
                 headroom_us=("headroom_us", "sum"), peak_flops_per_s=("peak_flops_per_s", "max"),
                 mem_bw_bytes_per_s=("mem_bw_bytes_per_s", "first")).reset_index()
+    return _derived(out, out.pop("mem_bw_bytes_per_s"))
+
+
+def _derived(out: pd.DataFrame, mem_bw_bytes_per_s: Any) -> pd.DataFrame:
+    """Sums per group -> intensity, achieved rates, bound and % of roof; largest headroom first."""
     with np.errstate(divide="ignore", invalid="ignore"):
         out["algorithmic_intensity_flop_per_byte"] = np.where(out["bytes_moved"] > 0, out["flops"] / out["bytes_moved"], np.inf)
     dur_s = out["dur_us"] / 1e6
     out["achieved_flops_per_s"] = out["flops"] / dur_s
     out["achieved_bytes_per_s"] = out["bytes_moved"] / dur_s
-    ridge = out["peak_flops_per_s"] / out.pop("mem_bw_bytes_per_s")
+    ridge = out["peak_flops_per_s"] / mem_bw_bytes_per_s
     out["bound"] = np.where(out["algorithmic_intensity_flop_per_byte"] < ridge, "memory", "compute")
     out["pct_of_roof"] = 100.0 * out["time_at_roof_us"] / out["dur_us"]
     return out.sort_values("headroom_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+SUMMED = ("count", "dur_us", "flops", "bytes_moved", "time_at_roof_us", "headroom_us")
+
+
+def rollup_modules(table: pd.DataFrame, depth: int, mem_bw_bytes_per_s: float) -> pd.DataFrame:
+    """A per-module table (roofline_modules.csv: each module's own ops) summed up the module tree
+    to `depth` name segments: at depth 3, `GPT.blocks.0` holds its own ops and all of its
+    children's (`GPT.blocks.0.attn.qkv`, ...). Shallower modules stay as they are. Intensity,
+    bound and % of roof are those of the sums, against the same memory roof."""
+    if depth < 1:
+        raise RooflineError(f"module depth must be >= 1, got {depth}")
+    if table.empty:
+        return table.copy()
+    names = table["module"].astype(str).str.split(".").str[:depth].str.join(".")
+    grouped = table.assign(module=names).groupby(["module", "dtype"], observed=True, sort=False)
+    out = grouped.agg({**{c: "sum" for c in SUMMED}, "peak_flops_per_s": "max"}).reset_index()
+    return _derived(out, mem_bw_bytes_per_s)
 
 
 MEASURE_HINT = "pass measured ceilings (profiler.capture.ceilings.measured_ceilings) for this machine"

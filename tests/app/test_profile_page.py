@@ -152,6 +152,12 @@ def test_zoo_capture_becomes_current_trace(mode, data_dir):
     assert not at.exception
     _check_roofline_chart(at, folder, "roofline_modules.csv")
     assert "Roofline: every module" in str(at.get("plotly_chart")[0].proto.spec)
+    # summed to depth 1: the whole Sequential, its layers' FLOPs together
+    assert at.selectbox(key="profile_module_depth").options == ["own ops", "summed to depth 1 (with their children)"]
+    at.selectbox(key="profile_module_depth").set_value(1).run()
+    assert not at.exception
+    whole = next(d.value for d in at.dataframe if "module" in d.value.columns).set_index("module")["FLOPs"]
+    assert list(whole.index) == ["Sequential"] and whole["Sequential"] == by_module.sum()
 
     at.switch_page("pages/load.py").run()  # the Load page shows the captured trace
     assert not at.exception

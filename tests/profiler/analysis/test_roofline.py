@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from profiler.analysis.registry import ANALYSES
-from profiler.analysis.roofline import INTENSITY_NOTE, RooflineError, roofline, roofline_points, roofline_table
+from profiler.analysis.roofline import (INTENSITY_NOTE, RooflineError, aggregate, roofline, roofline_points,
+                                        roofline_table)
 from profiler.capture.devices import Ceilings, lookup_device
 from profiler.trace.model import Trace, empty_frame
 from profiler.trace.schema import COLUMNS
@@ -112,6 +113,30 @@ def test_per_module_aggregation_when_attributed():
     res = roofline(Trace(events, trace.meta), ceilings=CEIL)
     row = res.by_module.set_index("module").loc["block.0.mlp"]
     assert row["count"] == 2 and math.isclose(row["time_at_roof_us"], 1000.0 + 10.0)
+
+
+def test_module_rollup_sums_children_into_their_ancestors():
+    """rollup_modules(depth) over the per-module table equals aggregating the points with each
+    module name cut to `depth` segments, and the known sums by hand: block.0 at depth 2 holds
+    its own add (roof 10 us) and its mlp's mm + add (1000 + 10 us)."""
+    from profiler.analysis.roofline import rollup_modules
+
+    trace = make_trace([op("aten::mm", 1e9, 1e6, 1000.0), op("aten::add", 1e6, 1e6, 20.0),
+                        op("aten::add", 1e6, 1e6, 40.0), op("aten::mul", 2e6, 1e6, 30.0)])
+    events = trace.events.assign(module=["block.0.mlp", "block.0.mlp", "block.0", "head"])
+    res = roofline(Trace(events, trace.meta), ceilings=CEIL)
+    up = rollup_modules(res.by_module, 2, CEIL.mem_bw_bytes_per_s).set_index("module")
+    assert sorted(up.index) == ["block.0", "head"]
+    block = up.loc["block.0"]
+    assert block["count"] == 3 and math.isclose(block["dur_us"], 1060.0)
+    assert math.isclose(block["time_at_roof_us"], 1020.0) and math.isclose(block["pct_of_roof"], 100 * 1020 / 1060)
+    assert block["bound"] == "compute"  # 1.002e9 FLOPs over 3e6 bytes: 334 FLOP/B, past the ridge (10)
+    cut = res.points.assign(module=res.points["module"].str.split(".").str[:2].str.join("."))
+    want = aggregate(cut, ("module", "dtype")).set_index("module")
+    pd.testing.assert_frame_equal(up.sort_index()[want.columns], want.sort_index(), check_dtype=False)
+    assert rollup_modules(res.by_module, 5, CEIL.mem_bw_bytes_per_s)["module"].tolist() == res.by_module["module"].tolist()
+    with pytest.raises(RooflineError, match="depth"):
+        rollup_modules(res.by_module, 0, CEIL.mem_bw_bytes_per_s)
 
 
 def test_dtype_without_a_peak_falls_back_to_fp32_and_is_counted():
