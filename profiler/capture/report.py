@@ -91,9 +91,14 @@ def summarise(result: CaptureResult) -> dict[str, Any]:
     steps = ev[ev["name"].astype(str).str.startswith("ProfilerStep#")]
     ops = ev[ev["kind"] == "cpu_op"]
     costed = ops[ops["flops"].notna()]
-    top = (costed.groupby("name", observed=True)
-           .agg(calls=("dur_us", "size"), total_us=("dur_us", "sum"), flops=("flops", "sum"), bytes_moved=("bytes_moved", "sum"))
-           .sort_values("total_us", ascending=False).head(10).reset_index())
+    def top_by(key: str) -> list:
+        rows = costed[costed[key].notna()] if key in costed else costed.iloc[:0]
+        table = (rows.groupby(key, observed=True)
+                 .agg(calls=("dur_us", "size"), total_us=("dur_us", "sum"), flops=("flops", "sum"),
+                      bytes_moved=("bytes_moved", "sum"))
+                 .sort_values("total_us", ascending=False).head(10).reset_index())
+        return plain(table.to_dict(orient="records"))
+
     return {
         "events": int(len(ev)), "events_by_kind": {str(k): int(v) for k, v in ev["kind"].value_counts().items() if v},
         "ranks": list(result.trace.ranks), "profiled_steps": int(steps["name"].nunique()),
@@ -101,7 +106,8 @@ def summarise(result: CaptureResult) -> dict[str, Any]:
         "flops_total": float(costed["flops"].sum()),
         "bytes_moved_total": float(costed["bytes_moved"].sum()),
         "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs of each op, views excluded)",
-        "top_ops_by_time": plain(top.to_dict(orient="records")),
+        "top_ops_by_time": top_by("name"),
+        "top_modules_by_time": top_by("module"),  # each module's own ops, forward and backward
     }
 
 

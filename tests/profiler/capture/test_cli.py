@@ -42,6 +42,8 @@ def test_capture_writes_everything(tmp_path):
         mods = {r["module"]: float(r["flops"]) for r in csv.DictReader(fh)}
     addmm = sum(float(r["flops"]) for r in roof if r["name"] == "aten::addmm")
     assert mods["Sequential.0"] + mods["Sequential.2"] == addmm > 0
+    top_modules = {r["module"]: r["flops"] for r in summary["top_modules_by_time"]}
+    assert top_modules["Sequential.0"] == mods["Sequential.0"] and top_modules["Sequential.2"] == mods["Sequential.2"]
     # the saved Trace keeps the roofs it was measured against: `analyze DIR` makes the same roofline
     meta = json.loads((out / "trace" / "meta.json").read_text())
     assert meta["capture"]["roofline_ceilings"] == used
