@@ -10,13 +10,14 @@ gets every joined op's shapes without paying record_shapes in the timed steps. `
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 import torch
@@ -223,11 +224,54 @@ class OpCost:
     module: str | None = None
 
 
-def innermost_module(parents: Any) -> str | None:
-    """The innermost of ModuleTracker's active module names ("Global" outside any module), by
-    depth: names nest as Root.child.grandchild."""
+def innermost_module(parents: Any, entered: Mapping[str, tuple[int, bool]] | None = None) -> str | None:
+    """The innermost of ModuleTracker's active module names ("Global" outside any module).
+
+    Names nest as Root.child.grandchild. An active module with an active descendant is not the
+    innermost, unless the tracker saw its forward start after that descendant was entered: under
+    activation checkpointing a block's forward is recomputed inside the backward of its last layer,
+    and then the block, then its first layer, run inside that layer. A parent entered in backward
+    (a parent returning its child's output is entered there after the child) never is. Among the
+    rest (siblings active together, as in that recomputation) the one entered last. `entered`:
+    name -> (order, entered in backward), OrderedModuleTracker's; without it, the deepest name.
+    """
     names = [n for n in parents if n != "Global"]
-    return max(names, key=lambda n: (n.count("."), len(n))) if names else None
+    order = entered or {}
+
+    def outer(a: str) -> bool:  # an ancestor of an active module, not re-entered by a forward since
+        tick, backward = order.get(a, (-1, True))
+        return any(d.startswith(a + ".") and (backward or tick < order.get(d, (-1, True))[0]) for d in names)
+
+    inner = [n for n in names if not outer(n)]
+    if not inner:
+        return None
+    return max(inner, key=lambda n: (order.get(n, (-1, True))[0], n.count("."), len(n)))
+
+
+def _module_tracker() -> Any:
+    """torch's ModuleTracker, remembering the order modules were entered in (forward, backward and
+    recomputation) where its hook factory is as in torch 2.4-2.13; the plain tracker otherwise."""
+    from torch.utils.module_tracker import ModuleTracker
+
+    if not callable(getattr(ModuleTracker, "_get_append_fn", None)):
+        return ModuleTracker()
+
+    class OrderedModuleTracker(ModuleTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered: dict[str, tuple[int, bool]] = {}  # name -> (order, in backward)
+            self._tick = itertools.count()
+
+        def _get_append_fn(self, name, is_bw):
+            append = super()._get_append_fn(name, is_bw)
+
+            def fn(*args) -> None:
+                append(*args)
+                self.entered[name] = (next(self._tick), is_bw)
+
+            return fn
+
+    return OrderedModuleTracker()
 
 
 class OpCostRecorder(TorchDispatchMode):
@@ -269,7 +313,8 @@ class OpCostRecorder(TorchDispatchMode):
             nbytes = float(op_bytes(func, args, kwargs, out))
         except Exception as exc:  # likewise for a byte rule (a library op's cost function)
             nbytes, rule = math.nan, f"{rule}; bytes error: {type(exc).__name__}"
-        module = innermost_module(self._tracker.parents) if self._tracker is not None else None
+        module = (innermost_module(self._tracker.parents, getattr(self._tracker, "entered", None))
+                  if self._tracker is not None else None)
         self.rows.append(OpCost(self.step, self._seq, func._schema.name, func._overloadname, flops,
                                 nbytes, rule, *signature(func, args, kwargs), module))
         self._seq += 1
@@ -291,9 +336,7 @@ def record_costs(step_fn: Callable[[int], None], steps: int = 1, first_step: int
     pass would leave a compiled model eager for the profiled steps that follow. A ModuleTracker
     names each op's module (forward and backward).
     """
-    from torch.utils.module_tracker import ModuleTracker
-
-    tracker = ModuleTracker()
+    tracker = _module_tracker()
     recorder = OpCostRecorder(tracker)
     with warnings.catch_warnings(), torch.compiler.set_stance("force_eager"), tracker, recorder:
         # a compiled module under the tracker's global hooks fires them for its wrapper too (its

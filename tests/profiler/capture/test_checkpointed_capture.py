@@ -66,3 +66,63 @@ def test_checkpointed_model_on_our_kernels_captures_in_measure_mode(tmp_path, me
     keys = [k for section in doc["machines"].values() for k in section["decisions"]]
     assert any(k.startswith("rms_norm|") and "|fwd+bwd|" in k for k in keys)  # measured inside checkpoint
     assert any(k.startswith("swiglu|") for k in keys)
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(torch.relu(self.a(x)))
+
+
+class _TwoPairs(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Pair() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        return x.square().mean()
+
+
+def test_recomputed_ops_are_named_for_the_module_that_recomputes_them(tmp_path) -> None:
+    """Under activation checkpointing a block's forward is recomputed inside the backward of its
+    last layer (`b`), while `b` is still active: sibling modules, the same depth. The recomputed
+    addmm belongs to `a` (entered last), so each module's FLOPs per step are those counted by hand:
+    a: forward and recomputed addmm (2*8*32*64 each), weight grad, input grad for the second block
+    only (the first block's input needs none; there also the add summing that input's two grads,
+    residual and a's), bias grad sum; b: addmm, input and weight grads,
+    bias grad sum; the blocks themselves: relu twice (forward, recompute), its backward, the
+    residual add."""
+    torch.manual_seed(0)
+    loaded = LoadedModel("two-pairs", "module", _TwoPairs(), (torch.randn(8, 32),))
+    res = capture(loaded, CapturePlan(mode="train", wait=0, warmup=0, active=1), tmp_path)
+    ev = res.trace.events
+    per_module = ev[ev["kind"] == "cpu_op"].groupby(ev["module"].astype(object), dropna=True)["flops"].sum()
+    mm = 2 * 8 * 32 * 64
+    want = {"_TwoPairs.blocks.0.a": 3 * mm + 8 * 64, "_TwoPairs.blocks.1.a": 4 * mm + 8 * 64 + 8 * 32,
+            "_TwoPairs.blocks.0.b": 3 * mm + 8 * 32, "_TwoPairs.blocks.1.b": 3 * mm + 8 * 32,
+            "_TwoPairs.blocks.0": 3 * 8 * 64 + 8 * 32, "_TwoPairs.blocks.1": 3 * 8 * 64 + 8 * 32,
+            "_TwoPairs": 2 * 8 * 32}
+    assert per_module.to_dict() == want
+    assert res.trace.meta["capture"]["join"]["match_rate"] == 1.0
+
+
+def test_innermost_module_rules() -> None:
+    """The tie rules on their own: nesting wins in forward; a parent entered in backward (sharing
+    its child's output) is not inner; a forward re-entered after a sibling's backward began is;
+    without an entry order, the deepest name."""
+    from profiler.capture.flops import innermost_module
+
+    fwd = {"M": (0, False), "M.blk": (1, False), "M.blk.a": (2, False)}
+    assert innermost_module({"Global", "M", "M.blk", "M.blk.a"}, fwd) == "M.blk.a"
+    shared = {"M.blk.b": (5, True), "M.blk": (6, True), "M": (7, True)}  # hooks on one tensor, child first
+    assert innermost_module({"Global", "M", "M.blk", "M.blk.b"}, shared) == "M.blk.b"
+    recompute = {"M": (7, True), "M.blk.b": (8, True), "M.blk": (9, False)}  # blk's forward inside b's backward
+    assert innermost_module({"M", "M.blk", "M.blk.b"}, recompute) == "M.blk"
+    recompute["M.blk.a"] = (10, False)
+    assert innermost_module({"M", "M.blk", "M.blk.b", "M.blk.a"}, recompute) == "M.blk.a"
+    assert innermost_module({"Global", "M", "M.blk.a"}) == "M.blk.a" and innermost_module({"Global"}) is None
