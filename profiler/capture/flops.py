@@ -15,6 +15,7 @@ import json
 import math
 import re
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping
@@ -250,8 +251,12 @@ def innermost_module(parents: Any, entered: Mapping[str, tuple[int, bool]] | Non
 
 def _module_tracker() -> Any:
     """torch's ModuleTracker, remembering the order modules were entered in (forward, backward and
-    recomputation) where its hook factory is as in torch 2.4-2.13; the plain tracker otherwise."""
-    from torch.utils.module_tracker import ModuleTracker
+    recomputation) where its hook factory is as in torch 2.4-2.13; the plain tracker otherwise, and
+    None on a torch without one (the rows then name no module)."""
+    try:
+        from torch.utils.module_tracker import ModuleTracker
+    except ImportError:
+        return None
 
     if not callable(getattr(ModuleTracker, "_get_append_fn", None)):
         return ModuleTracker()
@@ -338,7 +343,7 @@ def record_costs(step_fn: Callable[[int], None], steps: int = 1, first_step: int
     """
     tracker = _module_tracker()
     recorder = OpCostRecorder(tracker)
-    with warnings.catch_warnings(), torch.compiler.set_stance("force_eager"), tracker, recorder:
+    with warnings.catch_warnings(), torch.compiler.set_stance("force_eager"), tracker or nullcontext(), recorder:
         # a compiled module under the tracker's global hooks fires them for its wrapper too (its
         # ops are named OptimizedModule._orig_mod.*); torch warns about that on every call
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")

@@ -126,3 +126,16 @@ def test_innermost_module_rules() -> None:
     recompute["M.blk.a"] = (10, False)
     assert innermost_module({"M", "M.blk", "M.blk.b", "M.blk.a"}, recompute) == "M.blk.a"
     assert innermost_module({"Global", "M", "M.blk.a"}) == "M.blk.a" and innermost_module({"Global"}) is None
+
+
+def test_costs_without_a_module_tracker_still_count(monkeypatch) -> None:
+    """On a torch without torch.utils.module_tracker the pass still counts FLOPs; rows name no module."""
+    import sys
+
+    from profiler.capture.flops import costs_of
+
+    monkeypatch.setitem(sys.modules, "torch.utils.module_tracker", None)  # import raises ImportError
+    lin = torch.nn.Linear(4, 3)
+    rows = costs_of(lambda: lin(torch.randn(2, 4)))
+    addmm = rows[rows["name"] == "aten::addmm"]
+    assert addmm["flops"].tolist() == [2 * 2 * 4 * 3] and rows["module"].isna().all()
