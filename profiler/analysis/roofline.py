@@ -253,18 +253,23 @@ def roofline(trace: Any, ceilings: Optional[Ceilings] = None, default_dtype: str
         empty = aggregate(pd.DataFrame(columns=list(POINT_COLUMNS)))
         return RooflineResult(pd.DataFrame(columns=list(POINT_COLUMNS)), empty, None, None, {}, reason)
     points, excluded = roofline_points(trace, resolved, default_dtype)
-    by_module = None
-    if points["module"].notna().any():
-        by_module = aggregate(points[points["module"].notna()], ("module", "dtype"))
+    by_module = _by_module(points) if points["module"].notna().any() else None
     why = None if len(points) else "no op or kernel carries FLOPs and bytes (uploaded traces do not record them)"
     return RooflineResult(points, aggregate(points), by_module, resolved, excluded, why)
 
 
-def roofline_table(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
-                   by: tuple[str, ...] = ("kind", "name", "dtype")) -> pd.DataFrame:
-    """Roofline table for the capture CLI, largest headroom first: per op type (kind, name, dtype),
-    or per ("module", "dtype") over the ops whose module is known (empty when none is)."""
+def _by_module(points: pd.DataFrame) -> pd.DataFrame:
+    """Per (module, dtype) over the points whose module is known (empty when none is)."""
+    return aggregate(points[points["module"].notna()], ("module", "dtype"))
+
+
+def roofline_table(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32") -> pd.DataFrame:
+    """Per op type (kind, name, dtype) roofline table for the capture CLI, largest headroom first."""
+    return roofline_tables(trace, ceilings, default_dtype)[0]
+
+
+def roofline_tables(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The capture's two roofline tables from one set of points: per op type (kind, name, dtype)
+    and per (module, dtype) over the ops whose module is known (empty when none is)."""
     points, _ = roofline_points(trace, ceilings, default_dtype)
-    if "module" in by:
-        points = points[points["module"].notna()]
-    return aggregate(points, by)
+    return aggregate(points), _by_module(points)

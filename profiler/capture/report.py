@@ -1,7 +1,7 @@
 """What `python -m profiler capture` writes next to the Kineto JSON: Parquet trace, roofline, summary.
 
 Pure of printing: `write_outputs(result, out_dir, ...)` returns the paths and the summary dict;
-the CLI prints them. The roofline tables come from `profiler.analysis.roofline.roofline_table`
+the CLI prints them. The roofline tables come from `profiler.analysis.roofline.roofline_tables`
 against the machine's ceilings (measured and cached, or the device table): per op type
 (roofline.csv) and per nn.Module (roofline_modules.csv, when the cost pass named modules); when
 they cannot be made, `roofline_missing.txt` says why. All bytes are algorithmic lower bounds.
@@ -51,16 +51,17 @@ def ceilings_for(plan: CapturePlan, choice: str) -> tuple[Optional[Any], Optiona
 
 def write_roofline(trace: Any, plan: CapturePlan, choice: str, out_dir: Path) -> tuple[Optional[Path], Optional[str]]:
     """roofline.csv, or (None, reason) with roofline_missing.txt written."""
-    path, reason, _ = write_roofline_with_ceilings(trace, plan, choice, out_dir)
+    path, reason, _, _ = write_roofline_with_ceilings(trace, plan, choice, out_dir)
     return path, reason
 
 
-def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str,
-                                 out_dir: Path) -> tuple[Optional[Path], Optional[str], Optional[Any]]:
+def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str, out_dir: Path
+                                 ) -> tuple[Optional[Path], Optional[str], Optional[Any], Optional[Path]]:
     """As `write_roofline`, plus the Ceilings the table was made against (None when it was not),
-    so the summary can say which roofs (measured or datasheet, with their values) were used."""
+    so the summary can say which roofs (measured or datasheet, with their values) were used, and
+    roofline_modules.csv's path (None when no op named its module)."""
     ceilings, reason = ceilings_for(plan, choice)
-    table = None
+    table = modules = None
     if reason is None:
         try:
             from profiler.analysis import roofline as rl
@@ -71,18 +72,18 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str,
                 ceilings, reason = rl.resolve_ceilings(
                     trace, None, hint="choose measured (or quick) ceilings for this machine, e.g. --ceilings measured")
             if ceilings is not None:
-                table = rl.roofline_table(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
+                table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
                 if table.empty:
                     reason = "no op carries FLOPs and bytes (was the FLOPs pass off?)"
     if table is None or table.empty:
         (out_dir / "roofline_missing.txt").write_text(f"{reason}\n")
-        return None, reason, None
+        return None, reason, None, None
     path = out_dir / "roofline.csv"
     table.to_csv(path, index=False)
-    modules = rl.roofline_table(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"), by=("module", "dtype"))
-    if not modules.empty:  # per nn.Module (forward and backward ops together), from the cost pass
-        modules.to_csv(out_dir / MODULES_CSV, index=False)
-    return path, None, ceilings
+    if modules.empty:
+        return path, None, ceilings, None
+    modules.to_csv(out_dir / MODULES_CSV, index=False)  # per nn.Module (forward and backward ops together)
+    return path, None, ceilings, out_dir / MODULES_CSV
 
 
 def summarise(result: CaptureResult) -> dict[str, Any]:
@@ -126,13 +127,13 @@ def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceili
                   extra: Optional[dict] = None) -> dict[str, Any]:
     """Write trace/ (Parquet + meta.json), roofline.csv (or why not) and summary.json."""
     out_dir = Path(out_dir)
-    roof, roof_reason, used = write_roofline_with_ceilings(result.trace, plan, ceilings, out_dir)
+    roof, roof_reason, used, modules = write_roofline_with_ceilings(result.trace, plan, ceilings, out_dir)
     trace = with_ceilings(result.trace, plain(used.to_json()) if used is not None else None)
     files = {f"trace_{k}": str(p) for k, p in save_trace(trace, out_dir / "trace").items()}
     files["kineto_json"] = sorted(str(p) for p in out_dir.glob("kineto_rank*.pt.trace.json"))
     files["roofline"] = str(roof) if roof else str(out_dir / "roofline_missing.txt")
-    if roof and (out_dir / MODULES_CSV).is_file():
-        files["roofline_modules"] = str(out_dir / MODULES_CSV)
+    if modules:
+        files["roofline_modules"] = str(modules)
     summary = {**(extra or {}), "plan": plain(plan.__dict__), "files": files,
                "sources_off": dict(result.sources_off), "roofline_missing": roof_reason,
                "roofline_ceilings": plain(used.to_json()) if used is not None else None,
