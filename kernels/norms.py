@@ -399,8 +399,12 @@ class RMSNorm(nn.Module):
         init = torch.zeros if offset else torch.ones
         self.weight = nn.Parameter(init(shape, device=device, dtype=dtype)) if elementwise_affine else None
         self.normalized_shape = shape
-        self.hidden_size = hidden_size if isinstance(hidden_size, int) else math.prod(shape)
         self.eps, self.offset, self.casting, self.provider = eps, offset, _casting(offset, casting), provider
+
+    @property
+    def hidden_size(self) -> int:
+        """Elements normalized together (HF's hidden size; the product of a multi-dim shape)."""
+        return math.prod(self.normalized_shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _over(self.normalized_shape, lambda x, w, _: rms_norm(x, w, self.eps, self.offset, casting=self.casting,
