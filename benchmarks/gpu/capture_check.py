@@ -48,7 +48,7 @@ def _summary(result, backend: str, out_dir: Path) -> dict:
            "memcpy_count": int((ev["kind"] == "gpu_memcpy").sum()), "memset_count": int((ev["kind"] == "gpu_memset").sum()),
            "kernels_with_external_id": int(kernels["external_id"].notna().sum()),
            "kernels_with_flops": int(kernels["flops"].notna().sum()),
-           "kernels_with_module": int(kernels["module"].notna().sum()) if "module" in kernels else 0,
+           "kernels_with_module": int(kernels["module"].notna().sum()),
            "cpu_ops": int((ev["kind"] == "cpu_op").sum()),
            "sources_off": dict(result.sources_off), "timings_s": dict(result.timings),
            "device_properties": [dict(p) for p in trace.meta.get("device_properties", ())][:1],

@@ -96,11 +96,8 @@ def _modules(events: pd.DataFrame) -> pd.Series:
     names the qualified module of every joined op); elsewhere, when the trace has `nn.Module: X`
     python_function scopes (with_stack captures), the innermost one containing each cpu_op on its
     thread, and for GPU rows the module of the cpu_op with their External id."""
-    scoped = _scoped_modules(events)
-    if "module" not in events:
-        return scoped
     own = events["module"].astype(object)
-    return own.where(own.notna(), scoped)
+    return own.where(own.notna(), _scoped_modules(events))
 
 
 def _scoped_modules(events: pd.DataFrame) -> pd.Series:

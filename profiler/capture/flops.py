@@ -366,7 +366,7 @@ def unwrapped_names(costs: pd.DataFrame, model: torch.nn.Module) -> pd.DataFrame
     for cls, attr in WRAPPERS * 2:  # DDP around a compiled model, or the other way round
         if type(inner).__name__ == cls and isinstance(getattr(inner, attr, None), torch.nn.Module):
             prefix, inner = f"{prefix}.{attr}", getattr(inner, attr)
-    if inner is model or "module" not in costs:
+    if inner is model:
         return costs
     names = costs["module"].astype("string")
     return costs.assign(module=names.str.replace(rf"^{re.escape(prefix)}(?=\.|$)", type(inner).__name__, regex=True))

@@ -204,8 +204,7 @@ def join_costs(events: pd.DataFrame, costs: pd.DataFrame) -> tuple[pd.DataFrame,
     dims = events["input_dims"].to_numpy(dtype=object, copy=True)
     types = events["input_types"].to_numpy(dtype=object, copy=True)
     rec_mod = costs["module"].to_numpy(dtype=object) if "module" in costs.columns else np.full(len(costs), None, object)
-    modules = (events["module"].to_numpy(dtype=object, copy=True) if "module" in events.columns
-               else np.full(len(events), None, dtype=object))
+    modules = events["module"].to_numpy(dtype=object, copy=True)
     ops = events[events["kind"] == "cpu_op"]
     ops = ops.assign(_step=_steps_of(events, ops)).dropna(subset=["_step"])
     steps = recorded_total = matched_total = 0

@@ -93,7 +93,7 @@ def summarise(result: CaptureResult) -> dict[str, Any]:
     ops = ev[ev["kind"] == "cpu_op"]
     costed = ops[ops["flops"].notna()]
     def top_by(key: str) -> list:
-        rows = costed[costed[key].notna()] if key in costed else costed.iloc[:0]
+        rows = costed[costed[key].notna()]
         table = (rows.groupby(key, observed=True)
                  .agg(calls=("dur_us", "size"), total_us=("dur_us", "sum"), flops=("flops", "sum"),
                       bytes_moved=("bytes_moved", "sum"))
