@@ -59,8 +59,10 @@ def load_paths(paths: list[str]) -> Trace:
 
 def _mtime(p: Path) -> float:
     """A path's mtime; a saved Trace folder's is its meta.json's (rewritten with every save)."""
-    meta = p / "trace" / "meta.json" if (p / "trace").is_dir() else p / "meta.json"
-    target = meta if meta.is_file() else p
+    from profiler.capture.artifacts import saved_trace_folder
+
+    saved = saved_trace_folder(p)
+    target = saved / "meta.json" if saved is not None else p
     return target.stat().st_mtime if target.exists() else 0.0
 
 
