@@ -3,8 +3,9 @@
 Semantics are torch.optim.AdamW's (decoupled weight decay p *= 1 - lr * wd; bias-corrected
 moments; amsgrad; maximize), with the same state keys (`step` as a float32 scalar tensor,
 `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq`), so state dicts load in either direction.
-Refused: capturable, differentiable, foreach/fused flags (this class is the fused path),
-sparse and complex parameters.
+Refused: capturable, differentiable, sparse gradients. foreach/fused flags are accepted and
+choose nothing (this class is the fused path). Complex parameters step as their real views,
+as torch's.
 
 Providers of the `adamw_step` kernel: `cpu` (kernels/csrc/optim.cpp: one OpenMP loop over
 32K-element chunks of every tensor, one pass, 28 B/element for fp32), `triton` (one launch over a
@@ -119,10 +120,12 @@ class AdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _init_state(p: torch.Tensor, st: dict, amsgrad: bool) -> None:
-        st["step"] = oc.step_state()
-        st["exp_avg"] = oc.zeros_state(p)
-        st["exp_avg_sq"] = oc.zeros_state(p)
-        if amsgrad:
+        """Fill what st lacks: everything at first, max_exp_avg_sq once amsgrad is turned on."""
+        if not st:
+            st["step"] = oc.step_state()
+            st["exp_avg"] = oc.zeros_state(p)
+            st["exp_avg_sq"] = oc.zeros_state(p)
+        if amsgrad and "max_exp_avg_sq" not in st:
             st["max_exp_avg_sq"] = oc.zeros_state(p)
 
     def providers_used(self) -> dict:
@@ -142,9 +145,6 @@ class AdamW(torch.optim.Optimizer):
             hp = dict(lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
                       weight_decay=group["weight_decay"], amsgrad=ams, maximize=group["maximize"])
             for (_, _, dense), b in buckets.items():
-                if ams and any("max_exp_avg_sq" not in st for st in b.states):
-                    for p, st in zip(b.params, b.states):
-                        st.setdefault("max_exp_avg_sq", oc.zeros_state(p))
                 chosen = oc.choose(SPEC, b.params[0], dense, self.provider, self._chosen)
                 oc.run_provider(SPEC, chosen, b.params, b.grads,
                                 [st["exp_avg"] for st in b.states],

@@ -9,6 +9,11 @@ the representative tensor, so `provider=` overrides and unavailable providers ke
 Parameters whose memory is not dense (views with holes) cannot be walked as flat arrays: they go
 to the per-parameter `reference` provider. Gradients whose strides differ from their
 parameter's (e.g. a transposed grad) are copied into the parameter's layout first.
+
+Complex parameters are stepped as their real views ([..., 2] floats, `torch.view_as_real`), as
+torch.optim does: the moments are elementwise over real and imaginary parts, and a tensor's norm
+(LAMB's trust ratio, the clipping norm) is the same number. Their state stays complex, so state
+dicts load in either direction.
 """
 from __future__ import annotations
 
@@ -48,8 +53,11 @@ def is_dense(t: torch.Tensor) -> bool:
 def check_param(p: torch.Tensor, name: str) -> None:
     if p.grad is not None and p.grad.is_sparse:
         raise OptimizerError(f"{name} does not support sparse gradients")
-    if torch.is_complex(p):
-        raise OptimizerError(f"{name} does not support complex parameters")
+
+
+def real_view(t):
+    """A complex tensor as its real [..., 2] view (same memory); anything else as it is."""
+    return torch.view_as_real(t) if isinstance(t, torch.Tensor) and t.is_complex() else t
 
 
 def grad_like_param(p: torch.Tensor) -> torch.Tensor:
@@ -61,21 +69,27 @@ def grad_like_param(p: torch.Tensor) -> torch.Tensor:
 
 
 def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucket]:
-    """Buckets {(device, dtype, dense): Bucket} of the group's params with grads (state inited)."""
+    """Buckets {(device, dtype, dense): Bucket} of the group's params with grads.
+
+    `init_state(p, st)` runs for every such param each step: it fills what st lacks (all of it on
+    the first step), so the step itself only reads states. The step counter is shared with the
+    real-view states of complex params (one tensor, incremented in place by the providers)."""
     buckets: dict[tuple, Bucket] = {}  # not defaultdict(Bucket): torch 2.11's Dynamo cannot trace that
     for p in group["params"]:
         if p.grad is None:
             continue
         check_param(p, name)
         st = state[p]
-        if len(st) == 0:
-            init_state(p, st)
+        init_state(p, st)
+        g = grad_like_param(p)
+        if p.is_complex():  # stepped as real views; the state dict keeps the complex tensors
+            p, g, st = real_view(p), real_view(g), {k: real_view(v) for k, v in st.items()}
         key = (p.device, p.dtype, is_dense(p))
         if key not in buckets:
             buckets[key] = Bucket()
         b = buckets[key]
         b.params.append(p)
-        b.grads.append(grad_like_param(p))
+        b.grads.append(g)
         b.states.append(st)
     return buckets
 

@@ -162,6 +162,8 @@ class LAMB(torch.optim.Optimizer):
 
     @staticmethod
     def _init_state(p: torch.Tensor, st: dict) -> None:
+        if st:
+            return
         st["step"] = oc.step_state()
         st["exp_avg"] = oc.zeros_state(p)
         st["exp_avg_sq"] = oc.zeros_state(p)
