@@ -393,7 +393,36 @@ def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) 
     fn = spec.reference if chosen == "reference" else spec.providers[chosen]
     if torch.compiler.is_compiling():
         args, kwargs = _distinct_tensors(args, kwargs)
-    return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, IndexError) as e:
+        reason = _input_reason(spec, chosen, e, args, kwargs)
+        if reason is None:
+            raise
+        raise KernelInputError(f"{name}: {reason}; the eager reference failed too: "
+                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+class KernelInputError(ValueError, RuntimeError):
+    """Inputs no provider takes and the eager reference fails on: names the kernel and the
+    providers' reason (e.g. a weight that does not match x), instead of a bare broadcasting error
+    from the reference's ops. A RuntimeError too, as the reference's own error was."""
+
+
+def _input_reason(spec: KernelSpec, chosen: str, error: BaseException, args: tuple, kwargs: dict) -> str | None:
+    """Why the providers refused these inputs, when the reference, run in their place, failed on
+    them too; None for other failures (out of memory, a provider's own error)."""
+    if chosen != "reference" or isinstance(error, torch.OutOfMemoryError):
+        return None
+    try:
+        reason = spec.supports.check(*args, **kwargs) if spec.supports.check else None
+    except Exception:  # a check that cannot read these inputs explains nothing
+        reason = None
+    dtype = _dtype(args)
+    if reason is None and dtype is not None and not dtype.is_floating_point:
+        reason = f"{str(dtype).removeprefix('torch.')} input (it takes floating tensors)"
+    return reason
 
 
 def _distinct_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -155,3 +155,43 @@ def test_failure_summary_names_the_broken_source(tmp_path) -> None:
             "/x/kernels/csrc/bad.cpp:3:1: error: expected ';' before '}' token\nninja: build stopped")
     line = _build._failure_summary(RuntimeError(text), tmp_path)
     assert "bad.o" in line and "expected ';'" in line and "\n" not in line
+
+
+BAD_INPUTS = {
+    "layer_norm": (lambda x: kernels.layer_norm(x, torch.ones(7), torch.zeros(7), 1e-5),
+                   "parameter of shape \\(7,\\) does not match the last dim 8"),
+    "layer_norm dtype": (lambda x: kernels.layer_norm(x.long(), None, None, 1e-5), "int64 input"),
+    "swiglu": (lambda x: kernels.swiglu(x, torch.randn(4, 7)), "same shape"),
+    "bias_gelu": (lambda x: kernels.bias_gelu(x, torch.ones(5)), "bias \\(5,\\)"),
+    "softmax": (lambda x: kernels.softmax(x, mask=torch.zeros(3, 8)), "does not broadcast"),
+    "rope": (lambda x: kernels.rope(*(torch.randn(2, 4, 3, 8),) * 2, *(torch.randn(4, 1, 8),) * 2),
+             "cos/sin \\(4, 1, 8\\) is not"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_inputs_nothing_runs_name_the_kernel_and_the_reason(case: str) -> None:
+    """The reference runs what the providers refuse; when it fails too, the error names the
+    kernel and the providers' reason (not only a bare broadcasting error), and stays a
+    RuntimeError like the reference's own."""
+    call, reason = BAD_INPUTS[case]
+    with pytest.raises(registry.KernelInputError, match=f"^{case.split()[0]}: .*{reason}.*the eager reference failed too") as info:
+        call(torch.randn(4, 8))
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value.__cause__, RuntimeError)
+    assert "\n" not in str(info.value)
+
+
+def test_reference_errors_without_a_refusal_pass_through() -> None:
+    """A reference failing on inputs every check accepts raises its own error, unwrapped."""
+    def boom(x):
+        raise RuntimeError("boom")
+
+    spec = register_kernel(KernelSpec("toy_boom_for_registry_tests", boom, {"aten": boom},
+                                      Supports(dtypes=(torch.float32,))))
+    try:
+        for dtype in (torch.float32, torch.float64):  # float64: the aten provider is skipped for its dtype
+            with pytest.raises(RuntimeError, match="^boom$") as info:
+                registry.dispatch(spec.name, torch.ones(3, dtype=dtype), provider="reference")
+            assert type(info.value) is RuntimeError
+    finally:
+        KERNELS.pop(spec.name, None)
