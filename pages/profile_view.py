@@ -340,8 +340,11 @@ def ceilings_note(used: Optional[Mapping[str, Any]], dtype: str) -> str:
     details = used.get("details") or {}
     how = ", ".join(f"{label}{details[k]}" for k, label in (("mode", ""), ("cache", "cache ")) if details.get(k))
     peak = (used.get("peak_flops_per_s") or {}).get(ROOF_DTYPES.get(dtype, "fp32"))
-    return (f"Ceilings: {used.get('source', '?')}{f' ({how})' if how else ''}: peak {si(peak, 'FLOP/s')} "
+    note = (f"Ceilings: {used.get('source', '?')}{f' ({how})' if how else ''}: peak {si(peak, 'FLOP/s')} "
             f"({ROOF_DTYPES.get(dtype, dtype)}), bandwidth {si(used.get('mem_bw_bytes_per_s'), 'B/s')}.")
+    if details.get("remeasured_because"):
+        note += f" Re-measured for this capture: {details['remeasured_because']}."
+    return note
 
 
 def roofline_frame(roofline: Optional[pd.DataFrame], top: int = ROOFLINE_TOP) -> pd.DataFrame:

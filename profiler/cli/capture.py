@@ -129,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  source off: {name}: {reason}")
     if summary["roofline_missing"]:
         print(f"  roofline missing: {summary['roofline_missing']}")
+    details = (summary.get("roofline_ceilings") or {}).get("details") or {}
+    for key, label in (("remeasured_because", "ceilings re-measured"), ("remeasure_failed", "ceilings not re-measured")):
+        if details.get(key):
+            print(f"  {label}: {details[key]}")
     roofs = "roofline_missing.txt" if summary["roofline_missing"] else "roofline.csv"
     if "roofline_modules" in summary["files"]:
         roofs += ", roofline_modules.csv"

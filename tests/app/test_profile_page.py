@@ -351,6 +351,9 @@ def test_ceilings_note():
     assert pv.ceilings_note(used, "bfloat16") == \
         "Ceilings: measured (quick, cache hit): peak 300 GFLOP/s (bf16), bandwidth 40 GB/s."
     assert pv.ceilings_note(None, "float32") == "Ceilings: none recorded."
+    used["details"]["remeasured_because"] = "aten::mm ran at 140 GFLOP/s, above the cached fp32 roof 27 GFLOP/s"
+    assert pv.ceilings_note(used, "float32").endswith(
+        "bandwidth 40 GB/s. Re-measured for this capture: aten::mm ran at 140 GFLOP/s, above the cached fp32 roof 27 GFLOP/s.")
 
 
 def test_hf_offered_only_with_transformers():
