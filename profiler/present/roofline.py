@@ -171,11 +171,17 @@ def _left_out_line(rows: pd.DataFrame, ok: np.ndarray) -> str:
 
 
 def _above_roof_note(shown: pd.DataFrame, peak: float, bw: float) -> str:
-    """'; N above the roof (...)' when markers beat min(peak, bw * x): the bytes are a lower bound and
-    data already in cache moves faster than DRAM, so this is expected, and said so."""
+    """'; N above the memory roof (...)' and '; M above the peak (...)', each when markers beat it.
+    Over the memory roof is expected (the bytes are a lower bound and data already in cache moves
+    faster than DRAM); over the peak FLOP/s means the peak is low or the FLOPs are counted high."""
     x = shown["algorithmic_intensity_flop_per_byte"].to_numpy(float)
-    above = int((shown["achieved_flops_per_s"].to_numpy(float) > np.minimum(peak, bw * x) * (1 + 1e-9)).sum())
-    return f"; {above:,} above the roof (lower-bound bytes, cached data)" if above else ""
+    y = shown["achieved_flops_per_s"].to_numpy(float)
+    over_peak = y > peak * (1 + 1e-9)
+    over_memory = ~over_peak & (y > bw * x * (1 + 1e-9))
+    note = f"; {int(over_memory.sum()):,} above the memory roof (lower-bound bytes, cached data)" if over_memory.any() else ""
+    if over_peak.any():
+        note += f"; {int(over_peak.sum()):,} above the peak FLOP/s (a peak measured low, or FLOPs counted high)"
+    return note
 
 
 def _y_span(shown: pd.DataFrame, roof_lo: float, peak: float) -> tuple[float, float]:

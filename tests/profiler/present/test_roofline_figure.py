@@ -167,7 +167,11 @@ def test_log_axes_tick_once_per_decade_on_wide_spans():
 
 def test_markers_above_the_roof_are_counted():
     rows = _rows().iloc[:2].copy()
-    assert "above the roof" not in roofline_figure(rows, CEIL).layout.title.subtitle.text
+    assert "above the" not in roofline_figure(rows, CEIL).layout.title.subtitle.text
     rows.loc[0, "achieved_flops_per_s"] = 12e9  # intensity 1: the memory roof allows 10 GFLOP/s
     rows.loc[1, "achieved_flops_per_s"] = 101e9  # intensity 100: the peak is 100 GFLOP/s
-    assert "2 above the roof" in roofline_figure(rows, CEIL).layout.title.subtitle.text
+    subtitle = roofline_figure(rows, CEIL).layout.title.subtitle.text
+    assert "; 1 above the memory roof (lower-bound bytes, cached data)" in subtitle
+    assert "; 1 above the peak FLOP/s (a peak measured low, or FLOPs counted high)" in subtitle
+    rows.loc[1, "achieved_flops_per_s"] = 99e9
+    assert "peak" not in roofline_figure(rows, CEIL).layout.title.subtitle.text
