@@ -70,10 +70,15 @@ def zoo_choices() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def hf_choices() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """hf: model name -> (description, preset sizes), from the hf registry."""
-    from profiler.capture.hf import HF_MODELS, HF_PRESETS
+    """hf: model name -> (description, preset sizes): the written-out entries first, then every
+    other text LM model_type transformers knows (built from its default config, shrunk)."""
+    from profiler.capture.hf import HF_MODELS, HF_PRESETS, auto_model_types
 
-    return {name: (entry.doc, tuple(HF_PRESETS)) for name, entry in sorted(HF_MODELS.items())}
+    sizes = tuple(HF_PRESETS)
+    choices = {name: (entry.doc, sizes) for name, entry in sorted(HF_MODELS.items())}
+    choices.update({name: (f"{head.removeprefix('AutoModelFor')} from transformers' {name} config", sizes)
+                    for name, head in auto_model_types().items()})
+    return choices
 
 
 def preset_values(kind: str, name: str, size: str) -> dict[str, Any]:

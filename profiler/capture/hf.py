@@ -1,12 +1,21 @@
-"""Hugging Face `transformers` models from a config: `hf:gpt2`, `hf:llama`, `hf:bert`, ...
+"""Hugging Face `transformers` models from a config: `hf:gpt2`, `hf:llama`, `hf:bert`, `hf:mistral`, ...
 
-Random weights, no download: each entry builds a small config (presets "tiny" and "small",
-overridable: layers, dim, heads, vocab, seq_len, batch, attn_implementation), instantiates the
-model class, and returns `(model, {"input_ids": ..., "labels": ...})` so `output.loss` is the
-training loss. `transformers` is optional: without it, `hf:` specs fail with one line saying so.
+Random weights, no download: each entry builds a small config (presets "tiny", "small" and
+"medium", overridable: layers, dim, heads, vocab, seq_len, batch, attn_implementation),
+instantiates the model class, and returns `(model, {"input_ids": ..., "labels": ...})` so
+`output.loss` is the training loss. `transformers` is optional: without it, `hf:` specs fail with
+one line saying so.
+
+Three entries are written out (gpt2, llama, bert). Any other text language model transformers
+knows by its `model_type` (mistral, qwen2, gemma, phi3, mixtral, gpt_neox, opt, falcon, t5, bart,
+roberta, ...) is built from `AutoConfig.for_model(model_type)` shrunk to the preset: the standard
+size fields and their per-family spellings (encoder/decoder layer counts, FFN widths, head dims,
+KV heads) are set where the config has them, token ids outside the small vocabulary become 0,
+and the model is the seq2seq, masked or causal LM head for that type, in that order.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -87,13 +96,135 @@ def _bert(tf: Any, s: dict):
     return tf.BertForMaskedLM(cfg), _lm_inputs(s)
 
 
-def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None, **overrides: Any):
-    """(model, inputs) for `hf:name`; SpecError when transformers is missing or the name unknown."""
-    if name not in HF_MODELS:
-        raise SpecError(f"spec {spec!r}: unknown Hugging Face model {name!r} (known: {', '.join(sorted(HF_MODELS))})")
+# The LM heads an auto-built model gets, tried in this order: an encoder-decoder is seq2seq even when
+# also listed as masked (bart), an encoder is masked even when also listed as causal (roberta).
+AUTO_HEADS = (("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+              ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
+              ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"))
+
+
+@functools.lru_cache(maxsize=1)
+def auto_model_types() -> dict[str, str]:
+    """{model_type: Auto class} for the text LMs transformers knows, beyond the written-out entries;
+    empty without transformers."""
+    if transformers_unavailable_reason():
+        return {}
+    from transformers.models.auto import modeling_auto
+
+    known: dict[str, str] = {}
+    for mapping, auto_class in reversed(AUTO_HEADS):  # earlier heads win
+        known.update(dict.fromkeys(getattr(modeling_auto, mapping, {}), auto_class))
+    return {t: c for t, c in sorted(known.items()) if t not in HF_MODELS}
+
+
+# Config fields set to a preset value where the config has them: preset key -> field spellings.
+_SIZE_FIELDS = {
+    "layers": ("num_hidden_layers", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers"),
+    "dim": ("hidden_size", "d_model"),
+    "heads": ("num_attention_heads", "num_key_value_heads", "encoder_attention_heads", "decoder_attention_heads",
+              "num_heads"),
+    "vocab": ("vocab_size", "decoder_vocab_size"),
+}
+_FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
+               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")  # MoE: 4 experts, top-2, one group
+_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+
+
+def _set(cfg: Any, field: str, value: Any) -> None:
+    """cfg.field = value where the config has that field and lets it be set (some are properties)."""
+    if hasattr(cfg, field):
+        try:
+            setattr(cfg, field, value)
+        except (AttributeError, TypeError):
+            pass
+
+
+def shrink_config(cfg: Any, s: dict) -> Any:
+    """`cfg` at the preset's size: layers, width, heads (KV heads too), FFN 4x width, head dim
+    width/heads (latent attention's ranks and split head dims to match), MoE at 4 experts top-2,
+    positions seq_len + 2 (encoders that offset positions by the pad index), and token ids inside
+    the vocabulary."""
+    for key, fields in _SIZE_FIELDS.items():
+        for field in fields:
+            _set(cfg, field, s[key])
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
+        # hybrids (linear + full attention, sliding + global): every layer type at least once, in the
+        # order the full model first uses them; the layer count grows to that when the preset's is less
+        kinds = list(dict.fromkeys(types))
+        layers = max(s["layers"], len(kinds))
+        _set(cfg, "layer_types", [kinds[i % len(kinds)] for i in range(layers)])
+        for field in _SIZE_FIELDS["layers"]:
+            _set(cfg, field, layers)
+    for field in _FFN_FIELDS:
+        _set(cfg, field, 4 * s["dim"])
+    head_dim = s["dim"] // s["heads"]
+    for field in ("head_dim", "d_kv", "v_head_dim"):
+        _set(cfg, field, head_dim)
+    if hasattr(cfg, "qk_rope_head_dim"):  # multi-head latent attention (DeepSeek): its rope dims are head_dim
+        for field in ("qk_rope_head_dim", "qk_nope_head_dim", "head_dim"):
+            _set(cfg, field, head_dim // 2)
+    for field in ("q_lora_rank", "kv_lora_rank"):
+        if getattr(cfg, field, None):
+            _set(cfg, field, s["dim"] // 2)
+    for field in _EXPERT_FIELDS:
+        if getattr(cfg, field, None):
+            _set(cfg, field, 4)
+    if getattr(cfg, "num_experts_per_tok", None):
+        _set(cfg, "num_experts_per_tok", min(cfg.num_experts_per_tok, 2))
+    for field in ("n_group", "topk_group"):
+        _set(cfg, field, 1)
+    for field in ("max_position_embeddings", "n_positions"):
+        _set(cfg, field, s["seq_len"] + 2)
+    for field in ("rotary_dim",):  # GPT-J, CodeGen: the rotated dims, at most the head dim
+        if getattr(cfg, field, None):
+            _set(cfg, field, head_dim)
+    for name in getattr(cfg, "sub_configs", None) or {}:  # multimodal: the text, vision, audio towers too
+        sub = getattr(cfg, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            shrink_config(sub, s)
+    for field in _TOKEN_FIELDS:
+        value = getattr(cfg, field, None)
+        if field == "decoder_start_token_id" and value is None and getattr(cfg, "is_encoder_decoder", False):
+            cfg.decoder_start_token_id = 0
+        elif isinstance(value, int) and not 0 <= value < s["vocab"]:
+            _set(cfg, field, 0)
+    return cfg
+
+
+def _auto(tf: Any, model_type: str, s: dict):
+    """An LM of any text model_type transformers knows, from its default config shrunk to the preset."""
+    cfg = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s)), s)
+    return getattr(tf, auto_model_types()[model_type]).from_config(cfg), _lm_inputs(s)
+
+
+def _builder(spec: str, name: str) -> Callable[[Any, dict], tuple[torch.nn.Module, dict]]:
+    """The written-out entry for `name`, else the auto builder when transformers knows it as a
+    text LM; SpecError otherwise (transformers missing, or the name unknown)."""
+    if name in HF_MODELS:
+        reason = transformers_unavailable_reason()
+        if reason:
+            raise SpecError(f"spec {spec!r}: {reason}")
+        return HF_MODELS[name].build
     reason = transformers_unavailable_reason()
     if reason:
-        raise SpecError(f"spec {spec!r}: {reason}")
+        raise SpecError(f"spec {spec!r}: {name!r} is not one of {', '.join(sorted(HF_MODELS))}, and other "
+                        f"model types need transformers: {reason}")
+    if name in auto_model_types():
+        return lambda tf, s: _auto(tf, name, s)
+    import transformers
+
+    known = getattr(transformers, "CONFIG_MAPPING", {})
+    why = (f"transformers knows {name!r} but has no causal, masked or seq2seq LM head for it (text models only)"
+           if name in known else f"unknown Hugging Face model {name!r}")
+    raise SpecError(f"spec {spec!r}: {why} (written out: {', '.join(sorted(HF_MODELS))}; or any text LM "
+                    f"model_type of transformers, e.g. mistral, qwen2, gemma, t5)")
+
+
+def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None, **overrides: Any):
+    """(model, inputs) for `hf:name`; SpecError when transformers is missing or the name unknown."""
+    build = _builder(spec, name)
     if size not in HF_PRESETS:
         raise SpecError(f"spec {spec!r}: no size {size!r} (sizes: {', '.join(HF_PRESETS)})")
     settings = dict(HF_PRESETS[size])
@@ -105,7 +236,7 @@ def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None
         settings["batch"] = batch
     try:
         tf = importlib.import_module("transformers")
-        model, inputs = HF_MODELS[name].build(tf, settings)
+        model, inputs = build(tf, settings)
     except SpecError:
         raise
     except BaseException as exc:

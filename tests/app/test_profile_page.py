@@ -366,6 +366,10 @@ def test_hf_offered_only_with_transformers():
     assert (pv.KIND_LABELS["hf"] in at.radio(key="profile_kind").options) == (reason is None)
     if reason is not None:
         assert any(reason in c.value for c in at.caption)
+        return
+    names = list(pv.hf_choices())
+    assert names[:3] == ["bert", "gpt2", "llama"]  # the written-out ones first, then transformers' text LMs
+    assert pv.hf_choices()["mistral"][0] == "CausalLM from transformers' mistral config" and "vit" not in names
 
 
 def test_run_profile_progress_and_files(tmp_path):

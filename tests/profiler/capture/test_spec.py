@@ -170,7 +170,7 @@ def test_hf_without_transformers_says_so(monkeypatch):
     monkeypatch.setattr(hf.importlib.util, "find_spec", lambda name: None)
     msg = one_line_error("hf:gpt2", "'transformers' is not installed")
     assert isinstance(SpecError(msg), FusionLensError)
-    one_line_error("hf:nonexistent", "unknown Hugging Face model")
+    one_line_error("hf:nonexistent", "'nonexistent' is not one of bert, gpt2, llama, and other model types need transformers")
 
 
 def test_hf_model_from_config_when_installed():

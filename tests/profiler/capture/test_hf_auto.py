@@ -1,0 +1,88 @@
+"""hf:MODEL_TYPE beyond the written-out entries: any text LM transformers knows, built from its
+default config shrunk to the preset (no download), steps forward and backward, and captures with
+its ops joined; names transformers does not know, or knows without an LM head, fail in one line."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from profiler.capture import hf
+from profiler.capture.backends import CapturePlan
+from profiler.capture.runner import capture, loss_of
+from profiler.capture.spec import SpecError, load_spec
+
+pytest.importorskip("transformers")
+
+# one of each family the shrinking has to get right
+FAMILIES = {
+    "mistral": ("MistralForCausalLM", "decoder, grouped KV heads, sliding window"),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "mixture of experts with a shared expert"),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "latent attention (LoRA ranks, split rope/nope head dims), MoE groups"),
+    "t5": ("T5ForConditionalGeneration", "encoder-decoder: own layer/head/FFN names, decoder start token"),
+    "roberta": ("RobertaForMaskedLM", "encoder with positions offset by the pad index"),
+    "falcon": ("FalconForCausalLM", "its own FFN width field; head_dim a read-only property"),
+    "mamba": ("MambaForCausalLM", "state-space model: no attention heads"),
+}
+
+
+def test_auto_types_pick_the_lm_head_and_leave_the_written_out_ones():
+    types = hf.auto_model_types()
+    assert types["mistral"] == "AutoModelForCausalLM"
+    assert types["bart"] == "AutoModelForSeq2SeqLM"  # listed as masked too: seq2seq wins
+    assert types["roberta"] == "AutoModelForMaskedLM"  # listed as causal too: masked wins
+    assert not {"gpt2", "llama", "bert"} & set(types) and "vit" not in types
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_builds_small_and_trains(name):
+    lm = load_spec(f"hf:{name}", size="tiny")
+    preset = hf.HF_PRESETS["tiny"]
+    assert type(lm.model).__name__ == FAMILIES[name][0]
+    cfg = lm.model.config
+    assert cfg.vocab_size == preset["vocab"] and cfg.num_hidden_layers == preset["layers"]
+    assert cfg.hidden_size == preset["dim"]
+    assert sum(p.numel() for p in lm.model.parameters()) < 100_000  # shrunk, FFN and experts included
+    loss = loss_of(lm.call())
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()
+    grads = [p.grad for p in lm.model.parameters() if p.requires_grad]
+    assert sum(g is not None for g in grads) >= 0.9 * len(grads)
+
+
+def test_settings_override_the_preset():
+    lm = load_spec("hf:qwen2", size="tiny", overrides={"layers": 2, "dim": 64, "heads": 4, "seq_len": 8})
+    cfg = lm.model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (2, 64, 4, 4)
+    assert cfg.intermediate_size == 256
+    assert tuple(lm.inputs["input_ids"].shape) == (hf.HF_PRESETS["tiny"]["batch"], 8)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("vit", "transformers knows 'vit' but has no causal, masked or seq2seq LM head for it"),
+    ("not_a_model", "unknown Hugging Face model 'not_a_model'"),
+])
+def test_names_without_an_lm_fail_in_one_line(name, message):
+    with pytest.raises(SpecError, match=message) as info:
+        load_spec(f"hf:{name}", size="tiny")
+    assert "\n" not in str(info.value) and "mistral" in str(info.value)
+
+
+def test_without_transformers_an_auto_name_says_it_needs_it(monkeypatch):
+    monkeypatch.setattr(hf.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SpecError, match="other model types need transformers: the optional package"):
+        load_spec("hf:mistral", size="tiny")
+
+
+@pytest.mark.parametrize("name", ["mistral", "t5"])
+def test_auto_model_captures_with_its_ops_joined(name, tmp_path):
+    res = capture(f"hf:{name}", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path, size="tiny")
+    join = res.trace.meta["capture"]["join"]
+    assert join["match_rate"] >= 0.99, join
+    ops = res.trace.events[res.trace.events["kind"] == "cpu_op"]
+    costed = ops[ops["flops"] > 0]
+    # the model's ops name their module; AdamW's and the loss backward's are outside any module
+    assert costed.loc[costed["module"].notna(), "flops"].sum() > 0.9 * costed["flops"].sum()
+    names = costed["module"].dropna().astype(str)
+    inside = names.str.startswith(res.trace.meta["capture"]["model_class"] + ".")
+    assert inside.mean() > 0.9 and not names[~inside].str.contains(".", regex=False).any()  # outside: e.g. T5's CrossEntropyLoss
