@@ -4,7 +4,8 @@ A is the baseline (`trace`), B the candidate (`other`). Kernel rows come from `k
 (every GPU activity: kernels, memcpy, memset; summed over ranks); op rows from the attribution's
 op table (calls, device time launched by the op and its children, CPU time). Rows are sorted by
 |Δ time|; a name only in B is `new`, only in A `vanished`. `delta_pct` is relative to A and
-NaN (null in JSON) for new names.
+NaN (null in JSON) for new names. Totals add the median ProfilerStep time of each (None without
+step markers) and its change in %.
 """
 from __future__ import annotations
 
@@ -80,4 +81,18 @@ def diff(trace, other) -> TraceDiff:
     totals = {"kernel_us_a": float(ka["total_us"].sum()), "kernel_us_b": float(kb["total_us"].sum()),
               "kernel_count_a": int(ka["count"].sum()), "kernel_count_b": int(kb["count"].sum())}
     totals["delta_kernel_us"] = totals["kernel_us_b"] - totals["kernel_us_a"]
+    totals["step_us_a"], totals["step_us_b"] = median_step_us(trace), median_step_us(other)
+    both = totals["step_us_a"] is not None and totals["step_us_b"] is not None
+    totals["delta_step_pct"] = (100.0 * (totals["step_us_b"] - totals["step_us_a"]) / totals["step_us_a"]
+                                if both and totals["step_us_a"] > 0 else None)
     return TraceDiff(kernels=kernels, ops=ops, totals=totals)
+
+
+def median_step_us(trace) -> float | None:
+    """Median duration of the trace's ProfilerStep windows (all ranks), None without step markers:
+    the number a before/after comparison of one model is about."""
+    from profiler.analysis.breakdown import step_windows
+
+    windows = step_windows(trace)
+    windows = windows[windows["step"].notna()]
+    return float(windows["duration_us"].median()) if len(windows) else None

@@ -157,16 +157,33 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
         lines.append(f"  [{f['severity']}] {f['rule']}: {f['message']} "
                      f"(est. saving {f['est_saving_us']:,.0f} µs{'' if pct is None else f', {pct:.1f}% of step'})")
     if "diff" in report:
-        d = report["diff"]
-        tot = d["totals"]
-        lines += ["", f"diff vs {', '.join(report['compare_trace']['sources'])}: kernel time "
-                      f"{tot['kernel_us_a']:,.0f} -> {tot['kernel_us_b']:,.0f} µs ({tot['delta_kernel_us']:+,.0f}); "
-                      f"{len(d['new_kernels'])} new, {len(d['vanished_kernels'])} vanished kernel names"]
-        for r in d["kernels"][:top]:
-            pct = "" if r["delta_pct"] is None else f" ({r['delta_pct']:+.0f}%)"
-            lines.append(f"  {r['delta_us']:>+12,.1f} µs{pct} {r['status']:<8} {_short(r['name'])}")
+        lines += _diff_lines(report, top)
     if report.get("errors"):
         lines += ["", "analyses that failed: " + "; ".join(f"{k}: {v}" for k, v in report["errors"].items())]
+    return lines
+
+
+def _diff_lines(report: dict[str, Any], top: int) -> list[str]:
+    """B vs A: median step time, then the kernels by |Δ time|; for CPU-only traces (no kernel on
+    either side) the ops by |Δ CPU time| instead, which is where their change is."""
+    d = report["diff"]
+    tot = d["totals"]
+    lines = ["", f"diff vs {', '.join(report['compare_trace']['sources'])} (B; A = this trace):"]
+    if tot.get("step_us_a") is not None and tot.get("step_us_b") is not None:
+        pct = "" if tot.get("delta_step_pct") is None else f" ({tot['delta_step_pct']:+.1f}%)"
+        lines.append(f"  median step {tot['step_us_a']:,.0f} -> {tot['step_us_b']:,.0f} µs{pct}")
+    if tot["kernel_count_a"] or tot["kernel_count_b"]:
+        lines.append(f"  kernel time {tot['kernel_us_a']:,.0f} -> {tot['kernel_us_b']:,.0f} µs "
+                     f"({tot['delta_kernel_us']:+,.0f}); {len(d['new_kernels'])} new, "
+                     f"{len(d['vanished_kernels'])} vanished kernel names")
+        rows, key, base = d["kernels"], "delta_us", "total_us_a"
+    else:
+        lines.append("  no GPU kernels in either trace: ops by change of CPU time (inclusive, all calls):")
+        rows = sorted(d["ops"], key=lambda r: -abs(r["delta_cpu_us"]))
+        key, base = "delta_cpu_us", "cpu_us_a"
+    for r in rows[:top]:
+        pct = f" ({100.0 * r[key] / r[base]:+.0f}%)" if r.get(base) else ""
+        lines.append(f"  {r[key]:>+12,.1f} µs{pct} {r['status']:<8} {_short(r['name'])}")
     return lines
 
 

@@ -125,3 +125,31 @@ def test_unusable_out_folder_is_one_line(tmp_path):
         proc = run("mlp", "--size", "tiny", "--out", str(out))
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: --out {out}: {cause}")
+
+
+def test_two_cpu_captures_compare_by_step_time_and_op_cpu_time(tmp_path):
+    """capture A and B (a wider MLP), then `analyze A --compare B`: the median step of each equals
+    the median ProfilerStep span in its Kineto JSON (read here independently), and with no GPU
+    kernel on either side the diff lists ops by their change of CPU time."""
+    steps = {}
+    for name, hidden in (("a", 16), ("b", 256)):
+        proc = run("mlp", "--size", "tiny", "--set", f"hidden={hidden}", "--mode", "train", "--steps", "3",
+                   "--out", str(tmp_path / name), "--ceilings", "none")
+        assert proc.returncode == 0, proc.stderr
+        events = json.loads((tmp_path / name / "kineto_rank0.pt.trace.json").read_text())["traceEvents"]
+        spans = sorted(float(e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+        assert len(spans) == 3
+        steps[name] = spans[1]
+    report = tmp_path / "diff.json"
+    proc = subprocess.run([sys.executable, "-m", "profiler", "analyze", str(tmp_path / "a"), "--compare",
+                           str(tmp_path / "b"), "--json", str(report)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    totals = json.loads(report.read_text())["diff"]["totals"]
+    assert totals["step_us_a"] == pytest.approx(steps["a"], abs=1.0)
+    assert totals["step_us_b"] == pytest.approx(steps["b"], abs=1.0)
+    assert totals["delta_step_pct"] == pytest.approx(100 * (steps["b"] - steps["a"]) / steps["a"], rel=1e-3)
+    assert f"median step {steps['a']:,.0f} -> {steps['b']:,.0f} µs" in proc.stdout
+    assert "no GPU kernels in either trace: ops by change of CPU time" in proc.stdout
+    lines = proc.stdout.split("(inclusive, all calls):")[1].strip().splitlines()
+    assert len(lines) >= 3 and all(" µs" in line for line in lines[:3])
