@@ -62,11 +62,13 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
         ids = [torch.cuda.current_device()] if plan.is_cuda else None
         # DDP's default waits for every parameter's grad and fails on the 2nd step when one never
         # comes (a pooler or head the loss does not use); detection costs a graph walk per step,
-        # so it is on only for models that need it, as a user would set it
-        unused = unused_parameters(loaded)
+        # so it is on only for models that need it, as a user would set it. Every rank must agree
+        # (ranks may see different data, e.g. experts one rank's tokens never reach; mixed settings
+        # hang the first reduction), so the names are the union over ranks.
+        unused = union_over_ranks(unused_parameters(loaded))
         if unused:
             more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
-            say(0, plan.steps, f"DDP: {len(unused)} parameter(s) get no grad ({', '.join(unused[:3])}{more}): "
+            say(0, plan.steps, f"DDP: {len(unused)} parameter(s) get no grad on some rank ({', '.join(unused[:3])}{more}): "
                                "find_unused_parameters=True")
         if on_unused is not None:
             on_unused(unused)
@@ -74,6 +76,15 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
 
     return capture(spec, plan, out_dir, size=size, batch=batch, overrides=overrides,
                    progress=progress, wrap_model=wrap)
+
+
+def union_over_ranks(names: list[str]) -> list[str]:
+    """The names any rank of the process group found, in first-seen order (rank 0's first)."""
+    import torch.distributed as dist
+
+    gathered: list[Optional[list[str]]] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, list(names))
+    return list(dict.fromkeys(n for rank_names in gathered for n in (rank_names or [])))
 
 
 def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_dir: str,

@@ -53,3 +53,30 @@ def test_parameters_the_loss_does_not_use(tmp_path):
     assert res.trace.ranks == (0, 1)
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["spare.weight", "spare.bias"]
     assert any("find_unused_parameters=True" in m and "spare.weight" in m for m in said), said
+
+
+def test_parameters_unused_on_one_rank_only(tmp_path):
+    """Rank 1's data never reaches expert `b`, rank 0's does (a mixture of experts routing tokens
+    differently per rank): the ranks must agree on find_unused_parameters or the first reduction
+    hangs until gloo's timeout; the capture takes the union of what the ranks found."""
+    spec = tmp_path / "rank_experts.py"
+    spec.write_text(textwrap.dedent("""
+        import torch
+        import torch.distributed as dist
+        class TwoExperts(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+            def forward(self, x, use_b):
+                out = self.a(x)
+                return (out + self.b(x) if bool(use_b) else out).square().mean()
+        def build():
+            torch.manual_seed(0)
+            return TwoExperts(), (torch.randn(8, 4), torch.tensor(dist.get_rank() == 0))
+    """))
+    said = []
+    res = capture_ddp(f"{spec}:build", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path / "out", 2,
+                      progress=lambda done, total, msg: said.append(msg))
+    assert res.trace.ranks == (0, 1)
+    assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["b.weight", "b.bias"]
+    assert any("no grad on some rank (b.weight, b.bias)" in m for m in said), said
