@@ -11,6 +11,11 @@ torchrun recipe (same files, your launcher): run a script that calls
 `profiler.capture.ddp.capture_this_rank(spec, plan, out_dir)` under
 `torchrun --nproc-per-node N script.py`; it reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
 environment that torchrun sets, and then `load_ddp_trace(out_dir)` merges the ranks.
+
+find_unused_parameters: on when one plain step leaves a parameter without a grad on some rank
+(the union over ranks: they must agree), or when a run fails with DDP's "Expected to have finished
+reduction" (a parameter a later step leaves out, e.g. an expert no token reached): `capture_ddp`
+then runs once more with it on, and says so.
 """
 from __future__ import annotations
 
@@ -41,9 +46,11 @@ def _free_port() -> int:
 def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
                       batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
                       progress: Optional[ProgressFn] = None,
-                      on_unused: Optional[Callable[[list[str]], None]] = None) -> CaptureResult:
+                      on_unused: Optional[Callable[[list[str]], None]] = None,
+                      find_unused: bool = False) -> CaptureResult:
     """Inside an initialised (or torchrun-configured) process group: capture this rank under DDP.
-    `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters)."""
+    `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters);
+    `find_unused=True` turns that on whatever the check finds (every rank must pass the same)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -72,7 +79,7 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
                                "find_unused_parameters=True")
         if on_unused is not None:
             on_unused(unused)
-        return DDP(loaded.model, device_ids=ids, find_unused_parameters=bool(unused))
+        return DDP(loaded.model, device_ids=ids, find_unused_parameters=find_unused or bool(unused))
 
     return capture(spec, plan, out_dir, size=size, batch=batch, overrides=overrides,
                    progress=progress, wrap_model=wrap)
@@ -88,7 +95,7 @@ def union_over_ranks(names: list[str]) -> list[str]:
 
 
 def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_dir: str,
-            size: str, batch: Optional[int], overrides: Optional[dict], messages: Any) -> None:
+            size: str, batch: Optional[int], overrides: Optional[dict], messages: Any, find_unused: bool) -> None:
     """Spawned entry point: set up the process group, capture, report errors as one line."""
     import torch.distributed as dist
 
@@ -103,7 +110,8 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
         dist.init_process_group("nccl" if plan.is_cuda else "gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
         capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress,
-                          on_unused=lambda names: messages.put(("unused", rank, list(names))) if rank == 0 else None)
+                          on_unused=lambda names: messages.put(("unused", rank, list(names))) if rank == 0 else None,
+                          find_unused=find_unused)
     except FusionLensError as exc:
         messages.put(("error", rank, str(exc)))
         raise SystemExit(2)
@@ -140,27 +148,22 @@ def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] 
     return Trace(events, meta, trace.memory, trace.counters)
 
 
-def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *, size: str = "small",
-                batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
-                progress: Optional[ProgressFn] = None) -> CaptureResult:
-    """Spawn `nproc` DDP workers, capture one trace per rank, return the merged multi-rank Trace."""
+REDUCTION_NOT_FINISHED = "Expected to have finished reduction"  # DDP's error for a grad that never came
+
+
+def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: str, batch: Optional[int],
+                 overrides: Optional[Mapping[str, Any]], progress: Optional[ProgressFn],
+                 find_unused: bool) -> tuple[dict[int, str], list[str]]:
+    """Spawn the ranks and wait: ({rank: one-line error} of the ranks that failed, rank 0's
+    names of the parameters that got no grad in the check step)."""
     import torch.multiprocessing as mp
 
-    if nproc < 2:
-        raise CaptureError("--nproc must be >= 2 for a distributed capture")
-    if plan.mode != "train":
-        raise CaptureError("a distributed (DDP) capture profiles training: use --mode train")
-    if plan.is_cuda and torch.cuda.device_count() < nproc:
-        raise CaptureError(f"--nproc {nproc} needs {nproc} GPUs, found {torch.cuda.device_count()}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("kineto_rank*.pt.trace.json"):
         old.unlink()
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
-    t0 = time.perf_counter()
     procs = mp.start_processes(_worker, args=(nproc, _free_port(), spec, plan, str(out_dir), size, batch,
-                                              dict(overrides or {}), messages),
+                                              dict(overrides or {}), messages, find_unused),
                                nprocs=nproc, join=False, start_method="spawn")
     errors: dict[int, str] = {}
     unused: list[str] = []
@@ -187,6 +190,29 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
         if not errors:
             errors[-1] = " ".join(str(exc).split())[:300]
     drain()
+    return errors, unused
+
+
+def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *, size: str = "small",
+                batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
+                progress: Optional[ProgressFn] = None) -> CaptureResult:
+    """Spawn `nproc` DDP workers, capture one trace per rank, return the merged multi-rank Trace."""
+    if nproc < 2:
+        raise CaptureError("--nproc must be >= 2 for a distributed capture")
+    if plan.mode != "train":
+        raise CaptureError("a distributed (DDP) capture profiles training: use --mode train")
+    if plan.is_cuda and torch.cuda.device_count() < nproc:
+        raise CaptureError(f"--nproc {nproc} needs {nproc} GPUs, found {torch.cuda.device_count()}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    say = progress or (lambda done, total, msg: None)
+    errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=False)
+    forced = bool(errors) and any(REDUCTION_NOT_FINISHED in m for m in errors.values())
+    if forced:
+        say(0, plan.steps, "DDP: a later step left a parameter without a grad (data-dependent control flow, "
+                           "e.g. an expert no token reached): running again with find_unused_parameters=True")
+        errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=True)
     if errors:
         rank, msg = min(errors.items())
         raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
@@ -195,7 +221,8 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
     off["cupti"] = "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)"
     trace = load_ddp_trace(out_dir, {"spec": spec, "plan": dataclasses.asdict(plan), "nproc": nproc,
                                      "backend": "nccl" if plan.is_cuda else "gloo", "sources_off": dict(off),
-                                     "ddp_unused_parameters": list(unused)})
+                                     "ddp_unused_parameters": list(unused),
+                                     "ddp_find_unused_parameters": forced or bool(unused)})
     return CaptureResult(trace, out_dir / "kineto_rank0.pt.trace.json", off,
                          {"run_s": run_s, "total_s": time.perf_counter() - t0})
 

@@ -26,6 +26,7 @@ def test_two_rank_gloo_capture(tmp_path):
     joins = res.trace.meta["capture"]["join_per_rank"]
     assert sorted(joins) == [0, 1] and all(j["match_rate"] == 1.0 for j in joins.values()), joins
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == []  # DDP's default (no detection) kept
+    assert res.trace.meta["capture"]["ddp_find_unused_parameters"] is False
     # each rank's ops name the MLP's layers as an unwrapped capture does (Sequential.0, not
     # DistributedDataParallel.module.0)
     for rank in (0, 1):
@@ -80,3 +81,32 @@ def test_parameters_unused_on_one_rank_only(tmp_path):
     assert res.trace.ranks == (0, 1)
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["b.weight", "b.bias"]
     assert any("no grad on some rank (b.weight, b.bias)" in m for m in said), said
+
+
+def test_a_parameter_a_later_step_leaves_out_reruns_with_detection(tmp_path):
+    """Expert `b` runs in the first forward only (data-dependent routing): the one-step check finds
+    nothing, DDP's default then fails ("Expected to have finished reduction"), and the capture runs
+    once more with find_unused_parameters, saying so."""
+    spec = tmp_path / "flaky.py"
+    spec.write_text(textwrap.dedent("""
+        import torch
+        class Flaky(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+                self.calls = 0
+            def forward(self, x):
+                self.calls += 1
+                out = self.a(x)
+                return (out + self.b(x) if self.calls == 1 else out).square().mean()
+        def build():
+            torch.manual_seed(0)
+            return Flaky(), (torch.randn(8, 4),)
+    """))
+    said = []
+    res = capture_ddp(f"{spec}:build", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path / "out", 2,
+                      progress=lambda done, total, msg: said.append(msg))
+    meta = res.trace.meta["capture"]
+    assert res.trace.ranks == (0, 1) and meta["ddp_find_unused_parameters"] is True
+    assert list(meta["ddp_unused_parameters"]) == []  # the check step used every parameter
+    assert any("running again with find_unused_parameters=True" in m for m in said), said
