@@ -66,6 +66,26 @@ def save_trace(trace: Trace, folder: str | Path) -> dict[str, Path]:
     return paths
 
 
+# What a capture writes into its --out folder (and nothing else there is ever removed).
+RUN_OUTPUTS = ("kineto_rank*.pt.trace.json", "op_costs_rank*.parquet")
+REPORT_OUTPUTS = ("roofline.csv", "roofline_modules.csv", "roofline_missing.txt", "summary.json")
+
+
+def clear_outputs(folder: str | Path, patterns: tuple[str, ...] = RUN_OUTPUTS + REPORT_OUTPUTS) -> list[Path]:
+    """Remove an earlier capture's files from `folder` (those `patterns` name, and the saved Trace
+    under trace/), so a capture into a used folder leaves only its own: a stale rank's JSON, FLOPs
+    of a run with the pass on, or a roofline beside this run's roofline_missing.txt would otherwise
+    be read as this run's. Returns what was removed."""
+    folder = Path(folder)
+    removed = [p for pattern in patterns for p in folder.glob(pattern) if p.is_file()]
+    if patterns is RUN_OUTPUTS + REPORT_OUTPUTS:
+        removed += [folder / "trace" / n for n in (*(f"{t}.parquet" for t in TABLES), "meta.json")
+                    if (folder / "trace" / n).is_file()]
+    for p in removed:
+        p.unlink()
+    return removed
+
+
 def saved_trace_folder(path: str | Path) -> Path | None:
     """The saved-Trace folder (Parquet + meta.json, as `capture` writes) that `path` names: the
     folder itself, a capture's `--out` folder holding one under `trace/`, or one of its Parquet

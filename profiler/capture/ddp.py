@@ -205,6 +205,9 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
         raise CaptureError(f"--nproc {nproc} needs {nproc} GPUs, found {torch.cuda.device_count()}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
+
+    clear_outputs(out_dir, RUN_OUTPUTS)  # a stale rank's JSON or op costs would join this run's
     t0 = time.perf_counter()
     say = progress or (lambda done, total, msg: None)
     errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=False)
@@ -234,6 +237,9 @@ def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int 
     `--nproc` and the dashboard's Ranks field run."""
     if nproc < 1:
         raise CaptureError(f"ranks must be >= 1, got {nproc}")
+    from profiler.capture.artifacts import clear_outputs
+
+    clear_outputs(out_dir)  # this run's files only: none of an earlier capture into the same folder
     if nproc == 1:
         from profiler.capture.runner import capture
 

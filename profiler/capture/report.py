@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 
 import pandas as pd
 
-from profiler.capture.artifacts import plain, save_trace, write_json
+from profiler.capture.artifacts import REPORT_OUTPUTS, clear_outputs, plain, save_trace, write_json
 from profiler.capture.backends import CapturePlan, CaptureResult
 from profiler.trace.model import Trace
 
@@ -164,6 +164,7 @@ def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceili
                   extra: Optional[dict] = None) -> dict[str, Any]:
     """Write trace/ (Parquet + meta.json), roofline.csv (or why not) and summary.json."""
     out_dir = Path(out_dir)
+    clear_outputs(out_dir, REPORT_OUTPUTS)  # an earlier run's roofline must not sit beside this one's
     roof, roof_reason, used, modules = write_roofline_with_ceilings(result.trace, plan, ceilings, out_dir)
     trace = with_ceilings(result.trace, plain(used.to_json()) if used is not None else None)
     files = {f"trace_{k}": str(p) for k, p in save_trace(trace, out_dir / "trace").items()}

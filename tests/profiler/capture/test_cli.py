@@ -153,3 +153,22 @@ def test_two_cpu_captures_compare_by_step_time_and_op_cpu_time(tmp_path):
     assert "no GPU kernels in either trace: ops by change of CPU time" in proc.stdout
     lines = proc.stdout.split("(inclusive, all calls):")[1].strip().splitlines()
     assert len(lines) >= 3 and all(" µs" in line for line in lines[:3])
+
+
+def test_a_capture_into_a_used_folder_leaves_only_its_own_files(tmp_path):
+    """An earlier capture's roofline, op costs and a stale second rank's JSON would be read as this
+    run's (beside its roofline_missing.txt, joined by a DDP load, listed in its summary): they go;
+    files a capture never writes stay."""
+    out = tmp_path / "cap"
+    assert run("mlp", "--size", "tiny", "--steps", "1", "--out", str(out), "--ceilings", "quick",
+               data_dir=tmp_path / "data").returncode == 0
+    assert {"roofline.csv", "roofline_modules.csv", "op_costs_rank0.parquet"} <= {p.name for p in out.iterdir()}
+    (out / "kineto_rank1.pt.trace.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    proc = run("mlp", "--size", "tiny", "--steps", "1", "--out", str(out), "--ceilings", "none", "--no-flops")
+    assert proc.returncode == 0, proc.stderr
+    names = {p.name for p in out.iterdir()}
+    assert names == {"kineto_rank0.pt.trace.json", "roofline_missing.txt", "summary.json", "trace", "notes.txt"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert [Path(p).name for p in summary["files"]["kineto_json"]] == ["kineto_rank0.pt.trace.json"]
+    assert summary["flops_total"] == 0
