@@ -80,12 +80,10 @@ class CapturePlan:
             raise CaptureError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.mode not in MODES:
             raise CaptureError(f"mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("wait", "warmup", "active"):
+        for name, low in (("wait", 0), ("warmup", 0), ("active", 1)):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 0 or value > 10_000:
-                raise CaptureError(f"{name} must be an integer in [0, 10000], got {value!r}")
-        if self.active < 1:
-            raise CaptureError("active steps must be >= 1")
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 10_000:
+                raise CaptureError(f"{name} steps must be an integer in [{low}, 10000], got {value!r}")
 
     @property
     def steps(self) -> int:
