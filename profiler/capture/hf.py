@@ -8,10 +8,10 @@ one line saying so.
 
 Three entries are written out (gpt2, llama, bert). Any other text language model transformers
 knows by its `model_type` (mistral, qwen2, gemma, phi3, mixtral, gpt_neox, opt, falcon, t5, bart,
-roberta, ...) is built from `AutoConfig.for_model(model_type)` shrunk to the preset: the standard
-size fields and their per-family spellings (encoder/decoder layer counts, FFN widths, head dims,
-KV heads) are set where the config has them, token ids outside the small vocabulary become 0,
-and the model is the seq2seq, masked or causal LM head for that type, in that order.
+roberta, ...) is built from `AutoConfig.for_model(model_type)` shrunk to the preset by
+`shrink_config` (size fields under their per-family names, FFN and head dims, MoE experts,
+sub-configs of multimodal models, every layer type of hybrids, token ids inside the vocabulary),
+with the seq2seq, masked or causal LM head for that type, tried in that order.
 """
 from __future__ import annotations
 
@@ -177,9 +177,8 @@ def shrink_config(cfg: Any, s: dict) -> Any:
         _set(cfg, field, 1)
     for field in ("max_position_embeddings", "n_positions"):
         _set(cfg, field, s["seq_len"] + 2)
-    for field in ("rotary_dim",):  # GPT-J, CodeGen: the rotated dims, at most the head dim
-        if getattr(cfg, field, None):
-            _set(cfg, field, head_dim)
+    if getattr(cfg, "rotary_dim", None):  # GPT-J, CodeGen: the rotated dims, at most the head dim
+        _set(cfg, "rotary_dim", head_dim)
     for name in getattr(cfg, "sub_configs", None) or {}:  # multimodal: the text, vision, audio towers too
         sub = getattr(cfg, name, None)
         if sub is not None and hasattr(sub, "to_dict"):

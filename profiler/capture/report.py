@@ -107,8 +107,9 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str, out
                     trace, None, hint="choose measured (or quick) ceilings for this machine, e.g. --ceilings measured")
             if ceilings is not None:
                 table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
-                if not plan.is_cuda and choice in ("measured", "quick") and len(above_compute_roof(table)):
-                    ceilings = remeasured(ceilings, choice, above_compute_roof(table))
+                over = above_compute_roof(table) if not plan.is_cuda and choice in ("measured", "quick") else None
+                if over is not None and len(over) and (again := remeasured(ceilings, choice, over)) is not ceilings:
+                    ceilings = again
                     table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
                 if table.empty:
                     reason = "no op carries FLOPs and bytes (was the FLOPs pass off?)"
