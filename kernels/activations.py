@@ -131,6 +131,54 @@ class _GluFn(torch.autograd.Function):
         return None, grad_a, grad_b, None
 
 
+class _PackedGluFn(torch.autograd.Function):
+    """y = act(x[:, :n]) * x[:, n:] of one packed [rows, 2n] gate/up tensor: the backward writes
+    both halves' grads into one [rows, 2n] gradient, so autograd has no chunk to undo (its split
+    backward would concatenate a separate pair: one more read and write of the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, ops, x, kind):
+        ctx.save_for_backward(x)
+        n = x.shape[1] // 2
+        out = new_output((x.shape[0], n), x)
+        ops.glu_fwd(x[:, :n], x[:, n:], out, kind)
+        ctx.ops, ctx.kind = ops, kind
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        n = x.shape[1] // 2
+        if eager_backward(grad):
+            return None, *vjp_of(lambda x: _glu_eager(x[:, :n], x[:, n:], ctx.kind), (x,), ctx.needs_input_grad[1:2],
+                                 (grad,)), None
+        grad_x = new_output(x.shape, x)
+        ctx.ops.glu_bwd(grad.contiguous(), x[:, :n], x[:, n:], grad_x[:, :n], grad_x[:, n:], ctx.kind)
+        return None, grad_x, None
+
+
+def packed_source(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """The packed [rows, 2n] tensor whose halves a and b are (`h.chunk(2, -1)` of a contiguous
+    gate/up projection), as a view of their common base; None when they are anything else. Eager
+    only: tracing has no `_base` to follow."""
+    if torch.compiler.is_compiling():
+        return None
+    base = a._base
+    if base is None or b._base is not base or not base.is_contiguous():
+        return None
+    n = a.shape[-1] if a.dim() else 0
+    if (n == 0 or a.shape != b.shape or base.numel() != 2 * a.numel() or a.stride(-1) != 1
+            or a.storage_offset() != base.storage_offset() or b.storage_offset() != base.storage_offset() + n):
+        return None
+    stride, strides = 1, []  # the strides of a contiguous [..., 2n]: a and b are its two halves
+    for size in reversed([*a.shape[:-1], 2 * n]):
+        strides.insert(0, stride)
+        stride *= size
+    if list(a.stride()) != strides or list(b.stride()) != strides:
+        return None
+    return base.view(-1, 2 * n)
+
+
 def _act(provider: str, x: torch.Tensor, bias: torch.Tensor | None, kind: int) -> torch.Tensor:
     ops = _ops(provider)
     x = x.contiguous()  # recorded by autograd when it records (see `_glu`)
@@ -159,6 +207,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _glu(provider: str, a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
     ops = _ops(provider)
     shape = a.shape
+    if _needs_grad(a, b) and (packed := packed_source(a, b)) is not None:
+        return _PackedGluFn.apply(ops, packed, kind).view(shape)
     # Views and copies are recorded by autograd when it records: the saved inputs stay connected
     # to the caller's for a double backward. Both providers read row-strided halves in place.
     if not (a.is_contiguous() and b.is_contiguous()):

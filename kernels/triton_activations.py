@@ -134,22 +134,27 @@ def _glu_rows_fwd_kernel(A, B, Y, M, N, SA, SB, KIND: tl.constexpr, BM: tl.const
 
 
 @triton.jit
-def _glu_rows_bwd_kernel(G, A, B, GA, GB, M, N, SA, SB, KIND: tl.constexpr, BM: tl.constexpr,
+def _glu_rows_bwd_kernel(G, A, B, GA, GB, M, N, SA, SB, SGA, SGB, KIND: tl.constexpr, BM: tl.constexpr,
                          BN: tl.constexpr):
+    """g contiguous; a, b, grad_a and grad_b [M, N] with row strides SA, SB, SGA and SGB (grad_a and
+    grad_b may be the halves of one packed [M, 2N] gradient)."""
     _, rows, cols = _tile(N, BM, BN)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offs = rows[:, None] * N + cols[None, :]  # g, grad_a, grad_b: contiguous
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + rows[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     a = tl.load(A + rows[:, None] * SA + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     b = tl.load(B + rows[:, None] * SB + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y, dy = _act_grad(a, KIND)
-    tl.store(GA + offs, (g * b * dy).to(GA.dtype.element_ty), mask=mask)
-    tl.store(GB + offs, (g * y).to(GB.dtype.element_ty), mask=mask)
+    tl.store(GA + rows[:, None] * SGA + cols[None, :], (g * b * dy).to(GA.dtype.element_ty), mask=mask)
+    tl.store(GB + rows[:, None] * SGB + cols[None, :], (g * y).to(GB.dtype.element_ty), mask=mask)
 
 
-def _row_strided(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """a or b is a [M, N] view with a unit last stride and its own row stride (not contiguous)."""
-    return not (a.is_contiguous() and b.is_contiguous())
+def _row_strided(*tensors: torch.Tensor) -> bool:
+    """One of them is a [M, N] view with a unit last stride and its own row stride (not contiguous)."""
+    return not all(t.is_contiguous() for t in tensors)
+
+
+def _row_stride(t: torch.Tensor, n: int) -> int:
+    return n if t.is_contiguous() else t.stride(0)
 
 
 def _mn(x: torch.Tensor) -> tuple[int, int]:
@@ -199,12 +204,14 @@ def glu_fwd(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kind: int) -> N
 
 def glu_bwd(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, grad_a: torch.Tensor,
             grad_b: torch.Tensor, kind: int) -> None:
-    """grad_a = grad * b * act'(a), grad_b = grad * act(a); a and b as in `glu_fwd`."""
+    """grad_a = grad * b * act'(a), grad_b = grad * act(a); a, b, grad_a and grad_b as a and b
+    in `glu_fwd` (contiguous or [M, N] rows), grad contiguous."""
     if not a.numel():
         return
-    if _row_strided(a, b):
-        m, n = a.shape
-        _glu_rows_bwd_kernel[_grid(m, n)](grad, a, b, grad_a, grad_b, m, n, a.stride(0), b.stride(0),
+    if _row_strided(a, b, grad_a, grad_b):
+        m, n = _mn(a)
+        _glu_rows_bwd_kernel[_grid(m, n)](grad, a, b, grad_a, grad_b, m, n, _row_stride(a, n), _row_stride(b, n),
+                                          _row_stride(grad_a, n), _row_stride(grad_b, n),
                                           KIND=kind, BM=BLOCK_M, BN=BLOCK_N)
         return
     _glu_bwd_kernel[(triton.cdiv(a.numel(), BLOCK),)](grad, a, b, grad_a, grad_b, a.numel(),
