@@ -69,18 +69,19 @@ def save_trace(trace: Trace, folder: str | Path) -> dict[str, Path]:
 # What a capture writes into its --out folder (and nothing else there is ever removed).
 RUN_OUTPUTS = ("kineto_rank*.pt.trace.json", "op_costs_rank*.parquet")
 REPORT_OUTPUTS = ("roofline.csv", "roofline_modules.csv", "roofline_missing.txt", "summary.json")
+MTIME_SLACK_S = 2.0  # file systems that keep whole-second mtimes date a file of this run up to 1 s early
 
 
-def clear_outputs(folder: str | Path, patterns: tuple[str, ...] = RUN_OUTPUTS + REPORT_OUTPUTS) -> list[Path]:
-    """Remove an earlier capture's files from `folder` (those `patterns` name, and the saved Trace
-    under trace/), so a capture into a used folder leaves only its own: a stale rank's JSON, FLOPs
-    of a run with the pass on, or a roofline beside this run's roofline_missing.txt would otherwise
-    be read as this run's. Returns what was removed."""
+def clear_outputs(folder: str | Path, patterns: tuple[str, ...], before: float | None = None) -> list[Path]:
+    """Remove the files `patterns` name in `folder`, only those last written before `before` (a
+    `time.time()`) when given: once a capture has run, an earlier capture's files it did not
+    rewrite (a second rank's JSON, op costs of a run with the FLOPs pass on, a roofline beside this
+    run's roofline_missing.txt) would be read as this run's. Called after the run succeeds, so a
+    failed capture loses nothing of an earlier one. Returns what was removed."""
     folder = Path(folder)
-    removed = [p for pattern in patterns for p in folder.glob(pattern) if p.is_file()]
-    if patterns is RUN_OUTPUTS + REPORT_OUTPUTS:
-        removed += [folder / "trace" / n for n in (*(f"{t}.parquet" for t in TABLES), "meta.json")
-                    if (folder / "trace" / n).is_file()]
+    cutoff = None if before is None else before - MTIME_SLACK_S
+    removed = [p for pattern in patterns for p in folder.glob(pattern)
+               if p.is_file() and (cutoff is None or p.stat().st_mtime < cutoff)]
     for p in removed:
         p.unlink()
     return removed

@@ -158,8 +158,6 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
     names of the parameters that got no grad in the check step)."""
     import torch.multiprocessing as mp
 
-    for old in out_dir.glob("kineto_rank*.pt.trace.json"):
-        old.unlink()
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     procs = mp.start_processes(_worker, args=(nproc, _free_port(), spec, plan, str(out_dir), size, batch,
@@ -207,18 +205,20 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
     out_dir.mkdir(parents=True, exist_ok=True)
     from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
 
-    clear_outputs(out_dir, RUN_OUTPUTS)  # a stale rank's JSON or op costs would join this run's
     t0 = time.perf_counter()
     say = progress or (lambda done, total, msg: None)
+    attempt = time.time()
     errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=False)
     forced = bool(errors) and any(REDUCTION_NOT_FINISHED in m for m in errors.values())
     if forced:
         say(0, plan.steps, "DDP: a later step left a parameter without a grad (data-dependent control flow, "
                            "e.g. an expert no token reached): running again with find_unused_parameters=True")
+        attempt = time.time()
         errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=True)
     if errors:
         rank, msg = min(errors.items())
         raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
+    clear_outputs(out_dir, RUN_OUTPUTS, before=attempt)  # an earlier run's rank JSON or op costs must not join
     run_s = time.perf_counter() - t0
     off = {"nvml": "device is cpu (NVML samples NVIDIA GPUs only)"} if not plan.is_cuda else {}
     off["cupti"] = "not used: Kineto is this capture's backend (CUPTI callbacks are process-wide)"
@@ -237,11 +237,12 @@ def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int 
     `--nproc` and the dashboard's Ranks field run."""
     if nproc < 1:
         raise CaptureError(f"ranks must be >= 1, got {nproc}")
-    from profiler.capture.artifacts import clear_outputs
-
-    clear_outputs(out_dir)  # this run's files only: none of an earlier capture into the same folder
     if nproc == 1:
+        from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
         from profiler.capture.runner import capture
 
-        return capture(spec, plan, out_dir, size=size, batch=batch, overrides=dict(overrides or {}), progress=progress)
+        start = time.time()
+        result = capture(spec, plan, out_dir, size=size, batch=batch, overrides=dict(overrides or {}), progress=progress)
+        clear_outputs(out_dir, RUN_OUTPUTS, before=start)  # an earlier capture's other ranks or op costs
+        return result
     return capture_ddp(spec, plan, out_dir, nproc, size=size, batch=batch, overrides=overrides, progress=progress)

@@ -157,14 +157,19 @@ def test_two_cpu_captures_compare_by_step_time_and_op_cpu_time(tmp_path):
 
 def test_a_capture_into_a_used_folder_leaves_only_its_own_files(tmp_path):
     """An earlier capture's roofline, op costs and a stale second rank's JSON would be read as this
-    run's (beside its roofline_missing.txt, joined by a DDP load, listed in its summary): they go;
-    files a capture never writes stay."""
+    run's (beside its roofline_missing.txt, joined by a DDP load, listed in its summary): they go
+    once the new capture has run; a failed capture removes nothing; files a capture never writes
+    stay."""
     out = tmp_path / "cap"
     assert run("mlp", "--size", "tiny", "--steps", "1", "--out", str(out), "--ceilings", "quick",
                data_dir=tmp_path / "data").returncode == 0
     assert {"roofline.csv", "roofline_modules.csv", "op_costs_rank0.parquet"} <= {p.name for p in out.iterdir()}
     (out / "kineto_rank1.pt.trace.json").write_text("{}")
     (out / "notes.txt").write_text("mine")
+    before = {p.name: p.stat().st_mtime for p in out.iterdir()}
+    failed = run("no_such_zoo_model", "--out", str(out), "--ceilings", "none")
+    assert failed.returncode == 2  # a failed capture loses nothing of the earlier one
+    assert {p.name: p.stat().st_mtime for p in out.iterdir()} == before
     proc = run("mlp", "--size", "tiny", "--steps", "1", "--out", str(out), "--ceilings", "none", "--no-flops")
     assert proc.returncode == 0, proc.stderr
     names = {p.name for p in out.iterdir()}
