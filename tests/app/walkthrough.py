@@ -82,6 +82,7 @@ def _settle(page) -> None:
 
 def _pick(page, label: str, option: str) -> None:
     page.get_by_role("combobox", name=label).click()
+    page.keyboard.type(option)  # filters long lists (the hf: models), whose options render lazily
     page.get_by_role("option", name=re.compile("^" + re.escape(option))).first.click()
     _settle(page)
 
@@ -108,6 +109,7 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
                 ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
+                ("hf_auto_train", "hf:mistral:tiny", "train", None),  # a model_type beyond the written-out three
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build"),
                 ("compiled_spec", None, "train", f"{compiled}:build")]
@@ -120,7 +122,13 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
             page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
             page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
             _settle(page)
-            if zoo:
+            if zoo and zoo.startswith("hf:"):
+                name, _, size = zoo.removeprefix("hf:").partition(":")
+                page.get_by_text("Hugging Face config").click()
+                _settle(page)
+                _pick(page, "hf: model", name)
+                _pick(page, "Size", size or "small")
+            elif zoo:
                 name, _, size = zoo.partition(":")
                 _pick(page, "Zoo model", name)
                 _pick(page, "Size", size or "small")
