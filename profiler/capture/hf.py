@@ -168,13 +168,17 @@ def shrink_config(cfg: Any, s: dict) -> Any:
     for field in ("q_lora_rank", "kv_lora_rank"):
         if getattr(cfg, field, None):
             _set(cfg, field, s["dim"] // 2)
+    moe = False
     for field in _EXPERT_FIELDS:
         if getattr(cfg, field, None):
             _set(cfg, field, 4)
-    if getattr(cfg, "num_experts_per_tok", None):
-        _set(cfg, "num_experts_per_tok", min(cfg.num_experts_per_tok, 2))
-    for field in ("n_group", "topk_group"):
+            moe = True
+    if getattr(cfg, "num_experts_per_tok", None) or (moe and hasattr(cfg, "num_experts_per_tok")):
+        _set(cfg, "num_experts_per_tok", min(cfg.num_experts_per_tok or 2, 2))  # DeepSeek-V2's default is None
+    for field in ("n_group", "topk_group", "n_groups"):
         _set(cfg, field, 1)
+    if isinstance(getattr(cfg, "expand", None), int) and hasattr(cfg, "num_heads") and hasattr(cfg, "head_dim"):
+        _set(cfg, "head_dim", cfg.expand * s["dim"] // s["heads"])  # Mamba-2: heads x head_dim = expand x width
     for field in ("max_position_embeddings", "n_positions"):
         _set(cfg, field, s["seq_len"] + 2)
     if getattr(cfg, "rotary_dim", None):  # GPT-J, CodeGen: the rotated dims, at most the head dim
