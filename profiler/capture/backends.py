@@ -174,8 +174,11 @@ def unavailable_reason(name: str) -> Optional[str]:
 def get_backend(name: str) -> Backend:
     """The backend `name`, or CaptureError naming why it cannot be used here."""
     reason = unavailable_reason(name)
-    if reason:
+    if reason and name not in BACKENDS:
         raise CaptureError(reason)
+    if reason:
+        usable = [b for b in sorted(BACKENDS) if b != name and unavailable_reason(b) is None]
+        raise CaptureError(f"backend {name!r}: {reason}" + (f" (usable here: {', '.join(usable)})" if usable else ""))
     return BACKENDS[name]
 
 

@@ -25,6 +25,8 @@ def test_no_driver_reason_is_kept_and_nothing_raises():
     assert reason.startswith("CUPTI unavailable:") and "driver" in reason.lower()
     assert cupti_unavailable_reason() == reason
     assert backends.unavailable_reason("cupti") == reason  # the registry's probe says the same
+    with pytest.raises(CaptureError, match=r"^backend 'cupti': CUPTI unavailable: .* \(usable here: kineto\)$"):
+        backends.get_backend("cupti")  # what `capture --backend cupti` says, with the backend that works
     with pytest.raises(CaptureError, match="CUPTI unavailable"):
         cupti_backend(lambda i: None, CapturePlan(device="cuda", backend="cupti"), None)
     with pytest.raises(RuntimeError):  # starting anyway fails cleanly and frees the guard
