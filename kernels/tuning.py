@@ -32,6 +32,7 @@ import inspect
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -53,6 +54,7 @@ SAMPLE_TARGET_S = 2e-4  # a sample repeats a cheap call until it lasts about thi
 MAX_INNER = 64
 DROP_FACTOR = 4.0  # this many times slower than the fastest in the first round ...
 DROP_MIN_S = 0.015  # ... and at least this long per call: no later rounds for that provider
+NOTICE_S = 1.0  # warm-ups longer than this in all: say on stderr what the pause is (once per decision)
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,10 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
             failed[p] = f"failed while measured: {type(exc).__name__}: {first}"
             continue
         runs[p] = run
+    if sum(warm.values()) > NOTICE_S:  # a first call of a big kernel pauses for seconds: say why, once
+        print(f"FusionLens: timing {len(runs)} providers of {spec.name} once for this shape class "
+              f"(~{sum(warm.values()):.0f} s more; the fastest is kept per machine, "
+              f"{ENV_MODE}=order skips measuring)", file=sys.stderr, flush=True)
     samples: dict[str, list[float]] = {p: [] for p in runs}
     inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
     timed, slow = list(runs), ()

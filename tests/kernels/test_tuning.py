@@ -342,6 +342,19 @@ def test_far_slower_provider_skips_the_later_rounds(toy, monkeypatch) -> None:
     assert choice.provider in ("cpu", "aten")
 
 
+def test_a_slow_first_measurement_says_what_the_pause_is(toy, monkeypatch, capsys) -> None:
+    """Warm-ups over NOTICE_S in all (a big fused linear + CE: seconds per call) print one line on
+    stderr naming the kernel; quick decisions print nothing."""
+    spec = toy(cpu=1, aten=1, reference=2)
+    kernels.provider_choice(spec.name, torch.randn(N))
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(tuning, "NOTICE_S", 0.0)
+    kernels.provider_choice(spec.name, torch.randn(4 * N))  # another size class: measured again
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"timing 3 providers of {spec.name} once for this shape class" in err
+    assert "FUSIONLENS_PROVIDER_CHOICE=order skips measuring" in err
+
+
 def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(monkeypatch) -> None:
     """On CPU whatever runs right after the unfused reference pays the page faults of the memory it
     freed; a fixed rotation would hand that cost to the same provider every round."""
