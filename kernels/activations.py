@@ -29,8 +29,8 @@ from torch import nn
 
 from kernels.double_backward import eager_backward, vjp_of
 from kernels.providers import provider_ops
-from kernels.registry import (Cost, KernelSpec, Supports, dispatch, io_bytes, new_output, op_only_cost,
-                              register_kernel, register_op_cost)
+from kernels.registry import (KERNELS, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output, op_only_cost,
+                              register_kernel, register_op_cost, select_provider)
 
 # Activation codes shared with the C++ and Triton kernels.
 KIND_SILU, KIND_GELU_ERF, KIND_GELU_TANH = 0, 1, 2
@@ -400,6 +400,20 @@ class BiasGELU(nn.Module):
         return f"features={self.bias.shape[0]}, approximate={self.approximate!r}, provider={self.provider}"
 
 
+def gated_halves(name: str, x: torch.Tensor, approximate: str = "none", provider: str | None = None) -> torch.Tensor:
+    """act(a) * b of the halves a, b of one packed [..., 2h] x (the module forms). With grad on a
+    contiguous x and a fused provider chosen, the packed Function runs on x itself, so the backward
+    writes one gradient; unlike `packed_source`, this also holds while torch.compile traces."""
+    a, b = x.chunk(2, dim=-1)  # [..., 2h] -> two [..., h] views
+    args = (a, b) if name == "swiglu" else (a, b, approximate)
+    if a.shape == b.shape and x.is_contiguous() and x.numel() and _needs_grad(x):
+        chosen, _ = select_provider(KERNELS[name], args, {}, provider, by_measurement=provider is None)
+        if chosen in ("cpu", "triton"):
+            kind = KIND_SILU if name == "swiglu" else _gelu_kind(approximate)
+            return _PackedGluFn.apply(_ops(chosen), x.view(-1, x.shape[-1]), kind).view(a.shape)
+    return dispatch(name, *args, provider=provider)
+
+
 class SwiGLU(nn.Module):
     """silu(a) * b of the two halves of the last dim (a packed gate/up projection)."""
 
@@ -408,8 +422,7 @@ class SwiGLU(nn.Module):
         self.provider = provider
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = x.chunk(2, dim=-1)  # [..., 2h] -> two [..., h] views
-        return swiglu(a, b, provider=self.provider)
+        return gated_halves("swiglu", x, provider=self.provider)
 
 
 class GeGLU(nn.Module):
@@ -421,8 +434,7 @@ class GeGLU(nn.Module):
         self.approximate, self.provider = approximate, provider
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = x.chunk(2, dim=-1)  # [..., 2h] -> two [..., h] views
-        return geglu(a, b, self.approximate, provider=self.provider)
+        return gated_halves("geglu", x, self.approximate, provider=self.provider)
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}, provider={self.provider}"

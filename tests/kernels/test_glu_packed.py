@@ -141,3 +141,33 @@ def test_triton_packed_interpreted() -> None:
 def test_cuda_triton_packed_real_sizes(case: str) -> None:
     for dtype in DTYPES:
         check(case, "triton", packed((4096, 3072), dtype).cuda(), dtype)
+
+
+@pytest.mark.parametrize("module", [kernels.SwiGLU, kernels.GeGLU])
+def test_modules_under_torch_compile_write_one_gradient(module) -> None:
+    """Tracing has no `_base` to follow, so the modules hand their packed input to the packed
+    Function themselves: the compiled backward runs glu_bwd and no concatenation."""
+    from torch.profiler import profile
+
+    torch._dynamo.reset()
+    h = packed((6, 40), torch.float32).requires_grad_()
+    g = torch.randn(6, 40)
+    compiled = torch.compile(module(provider="cpu"), fullgraph=True)
+    (ours,) = torch.autograd.grad(compiled(h), h, g)
+    with profile() as prof:
+        compiled(h).backward(g)
+    names = [e.name for e in prof.events()]
+    assert "fusionlens::glu_bwd" in names and "aten::cat" not in names, sorted(set(names))
+    a, b = h.detach().double().requires_grad_().chunk(2, -1)
+    ref = (F.silu(a) if module is kernels.SwiGLU else F.gelu(a)) * b
+    (truth,) = torch.autograd.grad(ref, a._base, g.double())
+    torch.testing.assert_close(ours.double(), truth, rtol=1e-5, atol=1e-5)
+
+
+def test_modules_on_a_non_contiguous_input_take_the_pair_path() -> None:
+    h = packed((12, 6), torch.float32).t().requires_grad_()  # [6, 24] holding a transposed layout
+    assert not h.is_contiguous()
+    y = kernels.SwiGLU(provider="cpu")(h)
+    assert "_PackedGluFnBackward" not in _graph(y.grad_fn)
+    a, b = h.chunk(2, -1)
+    torch.testing.assert_close(y, F.silu(a) * b)
