@@ -15,6 +15,7 @@ private generator) when an input requires grad. Clock: process CPU time at one t
 other processes on a shared machine), wall time at more threads (where latency is what the
 threads buy), CUDA events on GPUs. A decision stops after `BUDGET_S` (at least one timed round);
 a provider `DROP_FACTOR` x slower than the fastest in the first round (and long) skips the rest.
+When every candidate's warm-up takes `LONG_CALL_S` or more, the warm-ups are the first round.
 The measured outputs are dropped: the real call runs afterwards with the chosen provider.
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
@@ -55,6 +56,7 @@ MAX_INNER = 64
 DROP_FACTOR = 4.0  # this many times slower than the fastest in the first round ...
 DROP_MIN_S = 0.015  # ... and at least this long per call: no later rounds for that provider
 NOTICE_S = 1.0  # warm-ups longer than this in all: say on stderr what the pause is (once per decision)
+LONG_CALL_S = 0.25  # every candidate's warm-up at least this long: it counts as the first timed round
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,7 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
     runs: dict[str, Callable[[], None]] = {}
     warm: dict[str, float] = {}
     failed: dict[str, str] = {}
+    noticed = False
     for p in candidates:
         fn = spec.reference if p == "reference" else spec.providers[p]
         try:
@@ -337,16 +340,22 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
             failed[p] = f"failed while measured: {type(exc).__name__}: {first}"
             continue
         runs[p] = run
-    if sum(warm.values()) > NOTICE_S:  # a first call of a big kernel pauses for seconds: say why, once
-        print(f"FusionLens: timing {len(runs)} providers of {spec.name} once for this shape class "
-              f"(~{sum(warm.values()):.0f} s more; the fastest is kept per machine, "
-              f"{ENV_MODE}=order skips measuring)", file=sys.stderr, flush=True)
+        if not noticed and sum(warm.values()) > NOTICE_S:  # a big kernel's first call pauses for seconds
+            noticed = True
+            print(f"FusionLens: timing {len(candidates)} providers of {spec.name} once for this shape class "
+                  f"({sum(warm.values()):.0f} s so far; the fastest is kept per machine, "
+                  f"{ENV_MODE}=order skips measuring)", file=sys.stderr, flush=True)
     samples: dict[str, list[float]] = {p: [] for p in runs}
     inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
     timed, slow = list(runs), ()
     rounds = 0
+    if warm and min(warm.values()) >= LONG_CALL_S:
+        # Calls this long (a big fused linear + CE: seconds) make first-call costs (fresh pages) a
+        # small part of the warm-up, which then serves as the first round instead of repeating it.
+        samples = {p: [warm[p]] for p in runs}
+        rounds = 1
     shuffler = random.Random(0)  # private and seeded: the global RNG is not touched
-    while timed and rounds < MAX_ROUNDS:
+    while timed and rounds < MAX_ROUNDS and not (rounds and time.perf_counter() - start >= budget_s):
         order = list(timed)
         shuffler.shuffle(order)
         for p in order:

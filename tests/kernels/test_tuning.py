@@ -342,6 +342,17 @@ def test_far_slower_provider_skips_the_later_rounds(toy, monkeypatch) -> None:
     assert choice.provider in ("cpu", "aten")
 
 
+def test_long_calls_decide_on_their_warm_ups(toy, monkeypatch) -> None:
+    """When every candidate's warm-up is long (seconds, for a big fused linear + CE), the warm-ups
+    are the first round: each provider runs once, not twice, and the fastest still wins."""
+    monkeypatch.setattr(tuning, "LONG_CALL_S", 0.0)  # these toy calls stand for seconds-long ones,
+    monkeypatch.setattr(tuning, "BUDGET_S", 0.0)  # whose warm-ups alone spend the budget
+    spec = toy(cpu=20, aten=1, reference=40)
+    choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert dict(toy.calls) == {"cpu": 1, "aten": 1, "reference": 1}
+    assert choice.provider == "aten" and choice.rounds == 1
+
+
 def test_a_slow_first_measurement_says_what_the_pause_is(toy, monkeypatch, capsys) -> None:
     """Warm-ups over NOTICE_S in all (a big fused linear + CE: seconds per call) print one line on
     stderr naming the kernel; quick decisions print nothing."""
@@ -352,6 +363,7 @@ def test_a_slow_first_measurement_says_what_the_pause_is(toy, monkeypatch, capsy
     kernels.provider_choice(spec.name, torch.randn(4 * N))  # another size class: measured again
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"timing 3 providers of {spec.name} once for this shape class" in err
+    assert "s so far" in err
     assert "FUSIONLENS_PROVIDER_CHOICE=order skips measuring" in err
 
 
