@@ -82,6 +82,10 @@ class KernelSpec:
     # transforms (grad, vmap, jacrev, ...) and forward-mode AD see through; under a transform or
     # inside forward_ad.dual_level() only these and the reference can run (`plain_ops_only`).
     func_safe: tuple[str, ...] = ("aten",)
+    # False: the measured choice never picks the reference while a provider can run (it would
+    # materialise what the kernel exists to avoid, e.g. the [N, V] logits of a fused linear + CE,
+    # even when that is faster); it still runs when no provider can.
+    reference_measured: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

@@ -415,6 +415,8 @@ def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *
     key = call_key(spec, args, kwargs, grad)
     device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
     found = _STORE.get(key, device)
+    if found is not None and found.record["provider"] == "reference" and not spec.reference_measured:
+        found = None  # a decision stored before the reference stopped being a candidate
     if found is not None and registry.why_not(spec, found.record["provider"], args, kwargs) is None:
         if report:
             skipped = registry.runnable_providers(spec, args, kwargs)[1]
@@ -423,6 +425,9 @@ def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *
             found.memo = _from_record(spec, found.record, found.how, key, {})
         return found.memo
     runnable, skipped = registry.runnable_providers(spec, args, kwargs)
+    if not spec.reference_measured and len(runnable) > 1:
+        runnable = [p for p in runnable if p != "reference"]
+        skipped = {**skipped, "reference": "not a measured candidate: it materialises what this kernel avoids"}
     if found is not None:  # same key, but this call's checks rule the stored provider out
         times = {p: t for p, t in found.record["times_us"].items() if p in runnable}
         if times:

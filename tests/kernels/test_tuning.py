@@ -342,6 +342,39 @@ def test_far_slower_provider_skips_the_later_rounds(toy, monkeypatch) -> None:
     assert choice.provider in ("cpu", "aten")
 
 
+def test_a_reference_that_is_no_candidate_is_never_measured_in(isolated) -> None:
+    """A fused linear + CE's unfused reference can be faster, but holds the [N, V] logits the
+    kernel exists to avoid: with reference_measured=False the measured choice keeps to the
+    providers (also over a decision stored before), and the reference runs only when none can."""
+    calls: Counter = Counter()
+
+    def impl(name: str, k: int):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            calls[name] += 1
+            return _work(x, k)
+        return run
+
+    spec = register_kernel(KernelSpec("toy_tuning_reference_not_measured", impl("reference", 1),
+                                      {"cpu": impl("cpu", 10), "aten": impl("aten", 20)},
+                                      Supports(dtypes=(torch.float32,)), reference_measured=False))
+    try:
+        choice = kernels.provider_choice(spec.name, torch.randn(N))
+        assert choice.provider == "cpu" and set(choice.times_us) == {"cpu", "aten"} and calls["reference"] == 0
+        assert "materialises" in choice.skipped["reference"]
+        # a stored "reference" decision (from before the flag) is measured again
+        tuning.forget_decisions()
+        store = isolated / "tuning" / "provider_choice.json"
+        data = json.loads(store.read_text())
+        for section in data["machines"].values():
+            for record in section["decisions"].values():  # a valid record whose winner was the reference
+                record["provider"], record["times_us"]["reference"] = "reference", 1.0
+        store.write_text(json.dumps(data))
+        assert kernels.provider_choice(spec.name, torch.randn(N)).provider == "cpu"
+        assert tuning.choose(spec, (torch.randn(N, dtype=torch.float64),), {}).provider == "reference"  # none runs
+    finally:
+        KERNELS.pop(spec.name, None)
+
+
 def test_long_calls_decide_on_their_warm_ups(toy, monkeypatch) -> None:
     """When every candidate's warm-up is long (seconds, for a big fused linear + CE), the warm-ups
     are the first round: each provider runs once, not twice, and the fastest still wins."""
