@@ -26,20 +26,13 @@ from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, cast_output, 
 from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, has_data, new_output, register_kernel
 
 
-CPU_CHUNK_BYTES = 16 << 20  # on a CPU, chunks of at least this much fp32 logits (see default_chunk_size)
-
-
-def default_chunk_size(n_tokens: int, hidden: int, vocab: int, device_type: str = "cuda") -> int:
-    """Liger's heuristic: a chunk's logits about the size of x, rounded up to a power of two. On a
-    CPU at least CPU_CHUNK_BYTES of fp32 logits (a power of two of tokens): its GEMMs are slow on
-    thin chunks (2048 x 768 -> 32000, 1 thread: 64-token chunks 4.41 s fwd+bwd, 128 4.22 s, 256
-    3.79 s, the unfused chain 3.98 s). 16 MiB, not the faster 32: each doubling adds a chunk to the
-    peak memory (1024 tokens: 73 MB peak at 64 or 128 tokens, 106 MB at 256), which is the point."""
+def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
+    """Liger's heuristic: a chunk's logits about the size of x, rounded up to a power of two.
+    (On a CPU thicker chunks run faster GEMMs, 2048 x 768 -> 32000 at 1 thread: 64-token chunks
+    4.41 s fwd+bwd, 128 4.22 s, 256 3.79 s, but each doubling adds a chunk to the peak memory,
+    which is the point of this kernel; pass chunk_size to trade.)"""
     ratio = max(1, math.ceil(vocab / max(hidden, 1)))
-    tokens = 1 << max(0, math.ceil(math.log2(math.ceil(n_tokens / ratio)))) if n_tokens else 1
-    if device_type == "cpu":
-        tokens = max(tokens, 1 << max(0, int(math.log2(max(1, CPU_CHUNK_BYTES // (4 * max(vocab, 1)))))))
-    return max(1, min(n_tokens, tokens))
+    return max(1, min(n_tokens, 1 << max(0, math.ceil(math.log2(math.ceil(n_tokens / ratio)))))) if n_tokens else 1
 
 
 def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider,
@@ -169,7 +162,7 @@ def _provider(provider: str):
     def run(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
             reduction="mean", chunk_size=None):
         n = int(math.prod(x.shape[:-1]))
-        c = int(chunk_size) if chunk_size else default_chunk_size(n, weight.shape[1], weight.shape[0], x.device.type)
+        c = int(chunk_size) if chunk_size else default_chunk_size(n, weight.shape[1], weight.shape[0])
         device = x.device.type
         if torch.is_autocast_enabled(device):
             # As eager under autocast: F.linear runs in the autocast dtype, F.cross_entropy in fp32.
@@ -202,7 +195,7 @@ def _cost(x, weight, target, bias=None, *args, chunk_size=None, **kwargs) -> Cos
     es = x.element_size()
     acc = 4 if es < 4 else es
     has_b = bias is not None
-    k = math.ceil(n / (int(chunk_size) if chunk_size else default_chunk_size(n, h, v, x.device.type))) if n else 0
+    k = math.ceil(n / (int(chunk_size) if chunk_size else default_chunk_size(n, h, v))) if n else 0
     nv, nh, vh = n * v * es, n * h * es, v * h * es
     # dW per chunk: addmm_ into it (read + write), or below fp32 mm -> cast -> add_ into fp32
     dw_chunk = 2 * v * h * acc if es == acc else v * h * (2 * es + 4 * acc)

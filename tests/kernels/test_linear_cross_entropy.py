@@ -139,21 +139,7 @@ def test_fused_linear_cross_entropy_bad_input(args, kw, message) -> None:
 def test_default_chunk_size_keeps_chunk_logits_near_x() -> None:
     c = default_chunk_size(4096, 768, 32000)
     assert c == 128 and c * 32000 <= 2 * 4096 * 768 * 2
-    assert default_chunk_size(1, 768, 32000) == 1
-
-
-def test_cpu_chunks_hold_about_16_mib_of_logits() -> None:
-    """A CPU's GEMMs want thicker chunks than Liger's GPU heuristic: a power of two of tokens whose
-    fp32 logits are about CPU_CHUNK_BYTES, never fewer tokens than the heuristic's."""
-    from kernels.linear_cross_entropy import CPU_CHUNK_BYTES
-
-    assert CPU_CHUNK_BYTES == 16 << 20
-    assert default_chunk_size(2048, 768, 32000, "cpu") == 128  # 16.4 MB of logits; the GPU's 64
-    assert default_chunk_size(2048, 768, 32000) == 64
-    assert default_chunk_size(4096, 4096, 128256, "cpu") == 128  # the heuristic's 128 tokens hold more than 16 MiB
-    assert default_chunk_size(65536, 4096, 128256, "cpu") == 2048 == default_chunk_size(65536, 4096, 128256)
-    assert default_chunk_size(100, 768, 32000, "cpu") == 100 and default_chunk_size(0, 8, 10, "cpu") == 1
-    assert default_chunk_size(8192, 64, 10_000_000, "cpu") == default_chunk_size(8192, 64, 10_000_000)
+    assert default_chunk_size(1, 768, 32000) == 1 and default_chunk_size(0, 768, 32000) == 1
 
 
 _MEMORY_SCRIPT = """
