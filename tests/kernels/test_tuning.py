@@ -4,6 +4,8 @@ providers have known relative speeds (one does the same work 20 times) and count
 Every test measures into its own data dir (tmp_path) with FUSIONLENS_PROVIDER_CHOICE=measure and
 forgets the in-memory decisions before and after, so tests are independent of order and workers.
 Real kernels are only checked for the mechanism (times reported), never for which one wins.
+The measurement's rounds themselves (dropping, warm-ups as a round, shuffling, the notice, the
+reference kept out): test_tuning_rounds.py.
 """
 from __future__ import annotations
 
@@ -14,64 +16,10 @@ import pytest
 import torch
 
 import kernels
-from kernels import registry, tuning, tuning_store
-from kernels.registry import KERNELS, KernelSpec, Supports, dispatch, poison_outputs, register_kernel
+from kernels import tuning, tuning_store
+from kernels.registry import KERNELS, KernelSpec, dispatch, poison_outputs
 from tests.kernels.test_rope import tables
-
-N = 1 << 15  # elements of the synthetic inputs: ~20 us per op, so 20x work is unmistakable
-
-
-def _work(x: torch.Tensor, times: int) -> torch.Tensor:
-    y = x
-    for _ in range(times):
-        y = (x * 1.0001).add_(1.0)
-    return y - 1.0
-
-
-_REAL_CPU: dict[str, str | None] = {}
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch, request):
-    """Measure mode, a private data dir, the cpu provider 'available' (synthetic, nothing built)."""
-    # Probe (and build) the real cpu provider in the normal data dir first, and remember it; not
-    # for the GPU check's cuda tests, which must not wait for the C++ build.
-    if "cuda" not in request.node.name:
-        _REAL_CPU["reason"] = registry.provider_unavailable_reason("cpu")
-    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv(tuning.ENV_MODE, "measure")
-    monkeypatch.setitem(registry._PROBE_RESULTS, "cpu", None)
-    tuning.forget_decisions()
-    yield tmp_path
-    tuning.forget_decisions()
-
-
-@pytest.fixture
-def toy(request):
-    """Register a synthetic kernel: toy(cpu=k, aten=k, reference=k) gives each provider k x work
-    (the reference does 20x unless told)."""
-    names: list[str] = []
-    calls: Counter = Counter()
-
-    def make(suffix: str = "", **work: int) -> KernelSpec:
-        def provider(name: str, k: int):
-            def run(x: torch.Tensor) -> torch.Tensor:
-                calls[name] += 1
-                return _work(x, k)
-            return run
-
-        providers = {p: provider(p, k) for p, k in work.items() if p != "reference"}
-        name = f"toy_tuning_{request.node.name.split('[')[0]}{suffix}"
-        spec = register_kernel(KernelSpec(name, provider("reference", work.get("reference", 20)),
-                                          providers, Supports(dtypes=(torch.float32,))))
-        names.append(name)
-        return spec
-
-    make.calls = calls
-    yield make
-    for name in names:
-        KERNELS.pop(name, None)
-
+from tests.kernels.tuning_cases import _REAL_CPU, N, _work, isolated, toy  # noqa: F401  (fixtures)
 
 def test_choice_follows_measurement_not_the_order(toy) -> None:
     spec = toy(cpu=20, aten=1, reference=20)
@@ -329,103 +277,6 @@ def test_keys_do_not_depend_on_how_arguments_are_passed() -> None:
     assert short == tuning.call_key(spec, (x, -1, 1.0, None, False), {}, False)
     assert short == tuning.call_key(spec, (x,), {"causal": False, "dim": -1}, False)
     assert short != tuning.call_key(spec, (x,), {"causal": True}, False)
-
-
-def test_far_slower_provider_skips_the_later_rounds(toy, monkeypatch) -> None:
-    monkeypatch.setattr(tuning, "DROP_MIN_S", 1e-4)  # every call here is "costly"
-    monkeypatch.setattr(tuning, "MAX_ROUNDS", 3)
-    spec = toy(cpu=1, aten=1, reference=30)
-    choice = kernels.provider_choice(spec.name, torch.randn(N))
-    assert choice.rounds == 3 and toy.calls["cpu"] >= 4
-    assert toy.calls["reference"] == 2  # warm-up and the first round only
-    assert "reference" in choice.times_us and "reference" in choice.note
-    assert choice.provider in ("cpu", "aten")
-
-
-def test_a_reference_that_is_no_candidate_is_never_measured_in(isolated) -> None:
-    """A fused linear + CE's unfused reference can be faster, but holds the [N, V] logits the
-    kernel exists to avoid: with reference_measured=False the measured choice keeps to the
-    providers (also over a decision stored before), and the reference runs only when none can."""
-    calls: Counter = Counter()
-
-    def impl(name: str, k: int):
-        def run(x: torch.Tensor) -> torch.Tensor:
-            calls[name] += 1
-            return _work(x, k)
-        return run
-
-    spec = register_kernel(KernelSpec("toy_tuning_reference_not_measured", impl("reference", 1),
-                                      {"cpu": impl("cpu", 10), "aten": impl("aten", 20)},
-                                      Supports(dtypes=(torch.float32,)), reference_measured=False))
-    try:
-        choice = kernels.provider_choice(spec.name, torch.randn(N))
-        assert choice.provider == "cpu" and set(choice.times_us) == {"cpu", "aten"} and calls["reference"] == 0
-        assert "materialises" in choice.skipped["reference"]
-        # a stored "reference" decision (from before the flag) is measured again
-        tuning.forget_decisions()
-        store = isolated / "tuning" / "provider_choice.json"
-        data = json.loads(store.read_text())
-        for section in data["machines"].values():
-            for record in section["decisions"].values():  # a valid record whose winner was the reference
-                record["provider"], record["times_us"]["reference"] = "reference", 1.0
-        store.write_text(json.dumps(data))
-        assert kernels.provider_choice(spec.name, torch.randn(N)).provider == "cpu"
-        assert tuning.choose(spec, (torch.randn(N, dtype=torch.float64),), {}).provider == "reference"  # none runs
-    finally:
-        KERNELS.pop(spec.name, None)
-
-
-def test_long_calls_decide_on_their_warm_ups(toy, monkeypatch) -> None:
-    """When every candidate's warm-up is long (seconds, for a big fused linear + CE), the warm-ups
-    are the first round: each provider runs once, not twice, and the fastest still wins."""
-    monkeypatch.setattr(tuning, "LONG_CALL_S", 0.0)  # these toy calls stand for seconds-long ones,
-    monkeypatch.setattr(tuning, "BUDGET_S", 0.0)  # whose warm-ups alone spend the budget
-    spec = toy(cpu=20, aten=1, reference=40)
-    choice = kernels.provider_choice(spec.name, torch.randn(N))
-    assert dict(toy.calls) == {"cpu": 1, "aten": 1, "reference": 1}
-    assert choice.provider == "aten" and choice.rounds == 1
-
-
-def test_a_slow_first_measurement_says_what_the_pause_is(toy, monkeypatch, capsys) -> None:
-    """Warm-ups over NOTICE_S in all (a big fused linear + CE: seconds per call) print one line on
-    stderr naming the kernel; quick decisions print nothing."""
-    spec = toy(cpu=1, aten=1, reference=2)
-    kernels.provider_choice(spec.name, torch.randn(N))
-    assert capsys.readouterr().err == ""
-    monkeypatch.setattr(tuning, "NOTICE_S", 0.0)
-    kernels.provider_choice(spec.name, torch.randn(4 * N))  # another size class: measured again
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"timing 3 providers of {spec.name} once for this shape class" in err
-    assert "s so far" in err
-    assert "FUSIONLENS_PROVIDER_CHOICE=order skips measuring" in err
-
-
-def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(monkeypatch) -> None:
-    """On CPU whatever runs right after the unfused reference pays the page faults of the memory it
-    freed; a fixed rotation would hand that cost to the same provider every round."""
-    seq: list[str] = []
-
-    def provider(name: str):
-        def run(x: torch.Tensor) -> torch.Tensor:
-            seq.append(name)
-            return x + 1
-        return run
-
-    spec = KernelSpec("toy_tuning_order", provider("reference"), {"cpu": provider("cpu"), "aten": provider("aten")},
-                      Supports(dtypes=(torch.float32,)))
-    samples: list[int] = []
-    real = tuning._sample_s
-    monkeypatch.setattr(tuning, "_sample_s", lambda run, *a: (samples.append(len(seq)), real(run, *a))[1])
-    monkeypatch.setattr(tuning, "MAX_ROUNDS", 9)
-    m = tuning.measure(spec, ["cpu", "aten", "reference"], (torch.randn(8),), {}, False, budget_s=30.0)
-    assert m.rounds == 9
-    order = [seq[i] for i in samples[3:]]  # the first name of each timed sample (after 3 warm-ups)
-    rounds = [order[i:i + 3] for i in range(0, len(order), 3)]
-    assert all(sorted(r) == ["aten", "cpu", "reference"] for r in rounds)
-    for name in ("cpu", "aten", "reference"):  # its predecessor in the round ("" when first) varies:
-        before = Counter(r[r.index(name) - 1] if r.index(name) else "" for r in rounds)
-        assert max(before.values()) <= 5, (name, before)  # a fixed rotation gives 6 of 9 (or 9 of 9)
-    assert len({r[0] for r in rounds}) == 3
 
 
 def _real_cpu_or_skip() -> None:

@@ -1,0 +1,99 @@
+"""Provider choice by measurement, the rounds of one decision (kernels/tuning.py `measure`): a
+far slower provider drops out after round one, long warm-ups count as the first round, a slow
+decision says so on stderr, the order is shuffled every round, and a reference that is no
+candidate is never timed. Same set-up as test_tuning.py (tests/kernels/tuning_cases.py)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import torch
+
+import kernels
+from kernels import tuning
+from kernels.registry import KernelSpec, Supports
+from tests.kernels.tuning_cases import N, isolated, toy  # noqa: F401  (fixtures)
+
+
+def test_far_slower_provider_skips_the_later_rounds(toy, monkeypatch) -> None:
+    monkeypatch.setattr(tuning, "DROP_MIN_S", 1e-4)  # every call here is "costly"
+    monkeypatch.setattr(tuning, "MAX_ROUNDS", 3)
+    spec = toy(cpu=1, aten=1, reference=30)
+    choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert choice.rounds == 3 and toy.calls["cpu"] >= 4
+    assert toy.calls["reference"] == 2  # warm-up and the first round only
+    assert "reference" in choice.times_us and "reference" in choice.note
+    assert choice.provider in ("cpu", "aten")
+
+
+def test_a_reference_that_is_no_candidate_is_never_measured_in(toy, isolated) -> None:
+    """A fused linear + CE's unfused reference can be faster, but holds the [N, V] logits the
+    kernel exists to avoid: with reference_measured=False the measured choice keeps to the
+    providers (also over a decision stored before), and the reference runs only when none can."""
+    spec = toy(reference_measured=False, cpu=10, aten=20, reference=1)
+    choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert choice.provider == "cpu" and set(choice.times_us) == {"cpu", "aten"} and toy.calls["reference"] == 0
+    assert "materialises" in choice.skipped["reference"]
+    # a stored "reference" decision (from before the flag) is measured again
+    tuning.forget_decisions()
+    store = isolated / "tuning" / "provider_choice.json"
+    data = json.loads(store.read_text())
+    for section in data["machines"].values():
+        for record in section["decisions"].values():  # a valid record whose winner was the reference
+            record["provider"], record["times_us"]["reference"] = "reference", 1.0
+    store.write_text(json.dumps(data))
+    assert kernels.provider_choice(spec.name, torch.randn(N)).provider == "cpu"
+    assert tuning.choose(spec, (torch.randn(N, dtype=torch.float64),), {}).provider == "reference"  # none runs
+
+
+def test_long_calls_decide_on_their_warm_ups(toy, monkeypatch) -> None:
+    """When every candidate's warm-up is long (seconds, for a big fused linear + CE), the warm-ups
+    are the first round: each provider runs once, not twice, and the fastest still wins."""
+    monkeypatch.setattr(tuning, "LONG_CALL_S", 0.0)  # these toy calls stand for seconds-long ones,
+    monkeypatch.setattr(tuning, "BUDGET_S", 0.0)  # whose warm-ups alone spend the budget
+    spec = toy(cpu=20, aten=1, reference=40)
+    choice = kernels.provider_choice(spec.name, torch.randn(N))
+    assert dict(toy.calls) == {"cpu": 1, "aten": 1, "reference": 1}
+    assert choice.provider == "aten" and choice.rounds == 1
+
+
+def test_a_slow_first_measurement_says_what_the_pause_is(toy, monkeypatch, capsys) -> None:
+    """Warm-ups over NOTICE_S in all (a big fused linear + CE: seconds per call) print one line on
+    stderr naming the kernel; quick decisions print nothing."""
+    spec = toy(cpu=1, aten=1, reference=2)
+    kernels.provider_choice(spec.name, torch.randn(N))
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(tuning, "NOTICE_S", 0.0)
+    kernels.provider_choice(spec.name, torch.randn(4 * N))  # another size class: measured again
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"timing 3 providers of {spec.name} once for this shape class" in err
+    assert "s so far" in err
+    assert "FUSIONLENS_PROVIDER_CHOICE=order skips measuring" in err
+
+
+def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(monkeypatch) -> None:
+    """On CPU whatever runs right after the unfused reference pays the page faults of the memory it
+    freed; a fixed rotation would hand that cost to the same provider every round."""
+    seq: list[str] = []
+
+    def provider(name: str):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            seq.append(name)
+            return x + 1
+        return run
+
+    spec = KernelSpec("toy_tuning_order", provider("reference"), {"cpu": provider("cpu"), "aten": provider("aten")},
+                      Supports(dtypes=(torch.float32,)))
+    samples: list[int] = []
+    real = tuning._sample_s
+    monkeypatch.setattr(tuning, "_sample_s", lambda run, *a: (samples.append(len(seq)), real(run, *a))[1])
+    monkeypatch.setattr(tuning, "MAX_ROUNDS", 9)
+    m = tuning.measure(spec, ["cpu", "aten", "reference"], (torch.randn(8),), {}, False, budget_s=30.0)
+    assert m.rounds == 9
+    order = [seq[i] for i in samples[3:]]  # the first name of each timed sample (after 3 warm-ups)
+    rounds = [order[i:i + 3] for i in range(0, len(order), 3)]
+    assert all(sorted(r) == ["aten", "cpu", "reference"] for r in rounds)
+    for name in ("cpu", "aten", "reference"):  # its predecessor in the round ("" when first) varies:
+        before = Counter(r[r.index(name) - 1] if r.index(name) else "" for r in rounds)
+        assert max(before.values()) <= 5, (name, before)  # a fixed rotation gives 6 of 9 (or 9 of 9)
+    assert len({r[0] for r in rounds}) == 3
