@@ -118,17 +118,13 @@ def measured_ceilings(device: str = "cpu", mode: str = "full", refresh: bool = F
     path = _cache_path(fp, mode, data_dir(root))
     cached = _read_cache(path, fp)
     if not refresh and cached is not None:
-        return Ceilings(dict(cached.peak_flops_per_s), cached.mem_bw_bytes_per_s, cached.source,
-                        {**cached.details, "cache": "hit", "cache_path": str(path)})
+        return cached.with_details(cache="hit", cache_path=str(path))
     measure = measure_gpu if device.startswith("cuda") else measure_cpu
-    ceilings = measure(modes[mode], device)
-    details = {**ceilings.details, "fingerprint": fp, "mode": mode}
-    ceilings = Ceilings(dict(ceilings.peak_flops_per_s), ceilings.mem_bw_bytes_per_s, "measured", details)
+    ceilings = measure(modes[mode], device).with_details(fingerprint=fp, mode=mode)
     if cached is not None:
         ceilings = best_of(cached, ceilings)
     _write_atomic(path, {"fingerprint": fp, "ceilings": ceilings.to_json()})
-    return Ceilings(dict(ceilings.peak_flops_per_s), ceilings.mem_bw_bytes_per_s, "measured",
-                    {**ceilings.details, "cache": "miss", "cache_path": str(path)})
+    return ceilings.with_details(cache="miss", cache_path=str(path))
 
 
 def _read_cache(path: Path, fp: dict[str, Any]) -> Optional[Ceilings]:

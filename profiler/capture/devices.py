@@ -9,6 +9,7 @@ normalised name rules tried in table order, so the same name always gives the sa
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -76,6 +77,10 @@ class Ceilings:
         """Intensity where the memory roof meets the compute roof of `dtype`."""
         peak = self.peak_for(dtype)
         return None if peak is None else peak / self.mem_bw_bytes_per_s
+
+    def with_details(self, **extra: Any) -> "Ceilings":
+        """The same roofs with `extra` added to the details (where they came from, what happened)."""
+        return dataclasses.replace(self, details={**self.details, **extra})
 
     def to_json(self) -> dict[str, Any]:
         return {"peak_flops_per_s": dict(self.peak_flops_per_s), "mem_bw_bytes_per_s": self.mem_bw_bytes_per_s,

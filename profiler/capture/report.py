@@ -77,10 +77,8 @@ def remeasured(ceilings: Any, choice: str, over: pd.DataFrame) -> Any:
     try:
         fresh = measured_ceilings("cpu", "quick" if choice == "quick" else "full", refresh=True)
     except Exception as exc:  # keep the roofline made with the cached roofs
-        return type(ceilings)(dict(ceilings.peak_flops_per_s), ceilings.mem_bw_bytes_per_s, ceilings.source,
-                              {**ceilings.details, "remeasure_failed": f"{why}; {type(exc).__name__}: {exc}"})
-    return type(fresh)(dict(fresh.peak_flops_per_s), fresh.mem_bw_bytes_per_s, fresh.source,
-                       {**fresh.details, "remeasured_because": why})
+        return ceilings.with_details(remeasure_failed=f"{why}; {type(exc).__name__}: {exc}")
+    return fresh.with_details(remeasured_because=why)
 
 
 def write_roofline(trace: Any, plan: CapturePlan, choice: str, out_dir: Path) -> tuple[Optional[Path], Optional[str]]:
