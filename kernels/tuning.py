@@ -355,6 +355,7 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
         samples = {p: [warm[p]] for p in runs}
         rounds = 1
     shuffler = random.Random(0)  # private and seeded: the global RNG is not touched
+    # at least one timed round (the warm-ups can be it), then rounds until the budget is spent
     while timed and rounds < MAX_ROUNDS and not (rounds and time.perf_counter() - start >= budget_s):
         order = list(timed)
         shuffler.shuffle(order)
@@ -365,8 +366,6 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
             best = min(s[0] for s in samples.values())
             slow = tuple(p for p in timed if samples[p][0] > DROP_FACTOR * best and samples[p][0] > DROP_MIN_S)
             timed = [p for p in timed if p not in slow]
-        if time.perf_counter() - start >= budget_s:
-            break
     times_us = {p: statistics.median(s) * 1e6 for p, s in samples.items()}
     return Measurement(times_us, failed, clock_name, rounds, slow)
 
