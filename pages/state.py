@@ -39,12 +39,9 @@ def _load_blobs(key: str, _blobs: tuple[tuple[str, bytes], ...]) -> Trace:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _load_paths(paths: tuple[str, ...], mtimes: tuple[float, ...]) -> Trace:
-    from profiler.capture.artifacts import load_saved_trace, saved_trace_folder
+    from profiler.capture.artifacts import load_traces_or_saved
 
-    saved = saved_trace_folder(paths[0]) if len(paths) == 1 else None
-    if saved is not None:  # a capture's folder: its Parquet Trace keeps FLOPs, modules and roofs
-        return load_saved_trace(saved)
-    return load_trace(list(paths) if len(paths) > 1 else paths[0])
+    return load_traces_or_saved(list(paths))  # a capture's folder: its Parquet Trace (FLOPs, modules, roofs)
 
 
 def load_uploaded(blobs: list[tuple[str, bytes]]) -> Trace:

@@ -125,3 +125,18 @@ def load_saved_trace(folder: str | Path) -> Trace:
             raise TraceError(f"saved trace {folder}: {name}.parquet lacks {', '.join(missing)}")
         tables[name] = tables[name][list(dtypes)].astype(dtypes)
     return Trace(tables["events"], meta, tables["memory"], tables["counters"])
+
+
+def load_traces_or_saved(paths: list[str], **load_kwargs: Any) -> Trace:
+    """Trace files (JSON, one per rank; a directory or .zip of them) through ingestion, or one saved
+    Trace folder as it is (a capture's Parquet Trace keeps its joined FLOPs, modules and roofs,
+    which its Kineto JSON lacks). What `analyze` and the Load page open. `load_kwargs` go to
+    `profiler.trace.load_trace`."""
+    from profiler.trace import load_trace
+
+    saved = [f for f in map(saved_trace_folder, paths) if f is not None]
+    if saved:
+        if len(paths) > 1:
+            raise TraceError(f"{saved[0]}: a saved Trace folder (Parquet) must be given alone, not with other traces")
+        return load_saved_trace(saved[0])
+    return load_trace(paths[0] if len(paths) == 1 else list(paths), **load_kwargs)

@@ -46,20 +46,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _load(paths: list[str], max_gb: float):
-    """Trace files (JSON, one per rank) through ingestion, or one saved Trace folder as it is (a
-    capture's Parquet Trace keeps its joined FLOPs and bytes, which its Kineto JSON lacks)."""
-    from profiler.capture.artifacts import saved_trace_folder
-    from profiler.trace import load_trace
-    from profiler.trace.model import TraceError
+    """Trace files through ingestion, or one saved Trace folder (a capture's) as it is."""
+    from profiler.capture.artifacts import load_traces_or_saved
 
-    saved = [f for f in map(saved_trace_folder, paths) if f is not None]
-    if saved:
-        if len(paths) > 1:
-            raise TraceError(f"{saved[0]}: a saved Trace folder (Parquet) must be given alone, not with other traces")
-        from profiler.capture.artifacts import load_saved_trace
-
-        return load_saved_trace(saved[0])
-    return load_trace(paths[0] if len(paths) == 1 else list(paths), max_decompressed_bytes=int(max_gb * (1 << 30)))
+    return load_traces_or_saved(paths, max_decompressed_bytes=int(max_gb * (1 << 30)))
 
 
 def _short(name: Any, width: int = NAME_WIDTH) -> str:
