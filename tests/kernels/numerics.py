@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.registry import poison_outputs
 
@@ -226,3 +227,16 @@ def run_in_triton_interpreter(code: str, timeout_s: float = 300.0) -> str:
     if proc.returncode != 0:
         raise AssertionError(f"interpreted run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout
+
+
+class OpNames(TorchDispatchMode):
+    """A context that lists the name of every op dispatched inside it (`seen`), e.g. to check that
+    a kernel runs its library op and no copy or concatenation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import activations as act
 from kernels.registry import KERNELS, select_provider
-from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, TINY, check_against_reference, make,
+from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, TINY, OpNames, check_against_reference, make,
                                     run_in_triton_interpreter, with_nonfinite)
 
 # name -> (public fn taking provider=, reference, has_bias, gated, kwargs)
@@ -85,23 +85,12 @@ def test_halves_whose_rows_do_not_collapse_are_copied(case: str) -> None:
 @pytest.mark.parametrize("grad", [False, True], ids=["infer", "train"])
 def test_gated_halves_are_not_copied(grad: bool) -> None:
     """No aten copy in the forward: before, both halves were made contiguous (two extra passes)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     h = make((64, 2 * 256), torch.float32).requires_grad_(grad)
     a, b = h.chunk(2, -1)
-    with Seen() as seen:
+    with OpNames() as ops:
         y = kernels.swiglu(a, b, provider="cpu")
-    assert "fusionlens.glu_fwd.default" in seen.ops
-    assert not [op for op in seen.ops if "copy" in op or "clone" in op], seen.ops
+    assert "fusionlens.glu_fwd.default" in ops.seen
+    assert not [op for op in ops.seen if "copy" in op or "clone" in op], ops.seen
     torch.testing.assert_close(y, F.silu(a) * b)
 
 

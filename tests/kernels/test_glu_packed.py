@@ -10,11 +10,10 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernels
 from kernels import activations as act
-from tests.kernels.numerics import DTYPES, check_against_reference, make, run_in_triton_interpreter
+from tests.kernels.numerics import DTYPES, OpNames, check_against_reference, make, run_in_triton_interpreter
 
 CASES = {"swiglu": (kernels.swiglu, act.swiglu_reference, {}),
          "geglu": (kernels.geglu, act.geglu_reference, {}),
@@ -39,16 +38,6 @@ def test_packed_halves_match_float64(case: str, shape, dtype) -> None:
     check(case, "cpu", packed(shape, dtype), dtype)
 
 
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _graph(fn) -> list[str]:
     names, todo = [], [fn]
     while todo:
@@ -65,7 +54,7 @@ def test_backward_writes_one_gradient_and_concatenates_nothing(module) -> None:
     x = torch.randn(5, 7, 32)
     y = module(provider="cpu")(x @ w)
     assert "_PackedGluFnBackward" in _graph(y.grad_fn) and "SplitBackward0" not in _graph(y.grad_fn)
-    with Ops() as ops:
+    with OpNames() as ops:
         y.backward(torch.randn_like(y))
     assert "fusionlens.glu_bwd.default" in ops.seen
     assert not [op for op in ops.seen if "cat" in op or "copy" in op], ops.seen
