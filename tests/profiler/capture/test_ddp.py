@@ -34,12 +34,22 @@ def test_two_rank_gloo_capture(tmp_path):
         assert {"Sequential.0", "Sequential.2"} <= names and not any("Distributed" in n for n in names), names
 
 
+def _capture_spec(tmp_path, name: str, source: str):
+    """A 2-rank DDP training capture of build() in `source` (written to tmp_path/name): (result,
+    the progress messages)."""
+    spec = tmp_path / name
+    spec.write_text(textwrap.dedent(source))
+    said: list[str] = []
+    res = capture_ddp(f"{spec}:build", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path / "out", 2,
+                      progress=lambda done, total, msg: said.append(msg))
+    return res, said
+
+
 def test_parameters_the_loss_does_not_use(tmp_path):
     """A head the loss never reaches: DDP's default fails on the 2nd step ("Expected to have
     finished reduction in the prior iteration"); the capture finds the unused parameters first and
     runs DDP with find_unused_parameters, naming them in the progress and the trace's meta."""
-    spec = tmp_path / "unused_head.py"
-    spec.write_text(textwrap.dedent("""
+    res, said = _capture_spec(tmp_path, "unused_head.py", """
         import torch
         class TwoHeads(torch.nn.Module):
             def __init__(self):
@@ -47,10 +57,7 @@ def test_parameters_the_loss_does_not_use(tmp_path):
                 self.body, self.head, self.spare = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
             def forward(self, x): return self.head(torch.relu(self.body(x))).square().mean()
         def build(): return TwoHeads(), (torch.randn(4, 8),)
-    """))
-    said = []
-    res = capture_ddp(f"{spec}:build", CapturePlan(wait=0, warmup=1, active=1), tmp_path / "out", 2,
-                      progress=lambda done, total, msg: said.append(msg))
+    """)
     assert res.trace.ranks == (0, 1)
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["spare.weight", "spare.bias"]
     assert any("find_unused_parameters=True" in m and "spare.weight" in m for m in said), said
@@ -60,8 +67,7 @@ def test_parameters_unused_on_one_rank_only(tmp_path):
     """Rank 1's data never reaches expert `b`, rank 0's does (a mixture of experts routing tokens
     differently per rank): the ranks must agree on find_unused_parameters or the first reduction
     hangs until gloo's timeout; the capture takes the union of what the ranks found."""
-    spec = tmp_path / "rank_experts.py"
-    spec.write_text(textwrap.dedent("""
+    res, said = _capture_spec(tmp_path, "rank_experts.py", """
         import torch
         import torch.distributed as dist
         class TwoExperts(torch.nn.Module):
@@ -74,10 +80,7 @@ def test_parameters_unused_on_one_rank_only(tmp_path):
         def build():
             torch.manual_seed(0)
             return TwoExperts(), (torch.randn(8, 4), torch.tensor(dist.get_rank() == 0))
-    """))
-    said = []
-    res = capture_ddp(f"{spec}:build", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path / "out", 2,
-                      progress=lambda done, total, msg: said.append(msg))
+    """)
     assert res.trace.ranks == (0, 1)
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["b.weight", "b.bias"]
     assert any("no grad on some rank (b.weight, b.bias)" in m for m in said), said
@@ -87,8 +90,7 @@ def test_a_parameter_a_later_step_leaves_out_reruns_with_detection(tmp_path):
     """Expert `b` runs in the first forward only (data-dependent routing): the one-step check finds
     nothing, DDP's default then fails ("Expected to have finished reduction"), and the capture runs
     once more with find_unused_parameters, saying so."""
-    spec = tmp_path / "flaky.py"
-    spec.write_text(textwrap.dedent("""
+    res, said = _capture_spec(tmp_path, "flaky.py", """
         import torch
         class Flaky(torch.nn.Module):
             def __init__(self):
@@ -102,10 +104,7 @@ def test_a_parameter_a_later_step_leaves_out_reruns_with_detection(tmp_path):
         def build():
             torch.manual_seed(0)
             return Flaky(), (torch.randn(8, 4),)
-    """))
-    said = []
-    res = capture_ddp(f"{spec}:build", CapturePlan(mode="train", wait=0, warmup=1, active=1), tmp_path / "out", 2,
-                      progress=lambda done, total, msg: said.append(msg))
+    """)
     meta = res.trace.meta["capture"]
     assert res.trace.ranks == (0, 1) and meta["ddp_find_unused_parameters"] is True
     assert list(meta["ddp_unused_parameters"]) == []  # the check step used every parameter
