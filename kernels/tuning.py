@@ -15,7 +15,9 @@ private generator) when an input requires grad. Clock: process CPU time at one t
 other processes on a shared machine), wall time at more threads (where latency is what the
 threads buy), CUDA events on GPUs. A decision stops after `BUDGET_S` (at least one timed round);
 a provider `DROP_FACTOR` x slower than the fastest in the first round (and long) skips the rest.
-When every candidate's warm-up takes `LONG_CALL_S` or more, the warm-ups are the first round.
+A warm-up is never a sample: a first call can be 35x the next (a 4096 x 3072 SwiGLU forward +
+backward on CPU: 765 ms, then 22 ms, fresh pages for its outputs and gradients), so every decision
+times at least one more call of each candidate, however long the warm-ups were.
 The measured outputs are dropped: the real call runs afterwards with the chosen provider.
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
@@ -56,7 +58,6 @@ MAX_INNER = 64
 DROP_FACTOR = 4.0  # this many times slower than the fastest in the first round ...
 DROP_MIN_S = 0.015  # ... and at least this long per call: no later rounds for that provider
 NOTICE_S = 1.0  # warm-ups longer than this in all: say on stderr what the pause is (once per decision)
-LONG_CALL_S = 0.25  # every candidate's warm-up at least this long: it counts as the first timed round
 
 
 @dataclass(frozen=True)
@@ -349,13 +350,8 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
     inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
     timed, slow = list(runs), ()
     rounds = 0
-    if warm and min(warm.values()) >= LONG_CALL_S:
-        # Calls this long (a big fused linear + CE: seconds) make first-call costs (fresh pages) a
-        # small part of the warm-up, which then serves as the first round instead of repeating it.
-        samples = {p: [warm[p]] for p in runs}
-        rounds = 1
     shuffler = random.Random(0)  # private and seeded: the global RNG is not touched
-    # at least one timed round (the warm-ups can be it), then rounds until the budget is spent
+    # at least one timed round after the warm-ups, then rounds until the budget is spent
     while timed and rounds < MAX_ROUNDS and not (rounds and time.perf_counter() - start >= budget_s):
         order = list(timed)
         shuffler.shuffle(order)

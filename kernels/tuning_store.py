@@ -3,7 +3,7 @@
 File: `<data dir>/tuning/provider_choice.json` (the data dir of `kernels/_build.py`, which also
 holds the C++ extension cache):
 
-    {"format": "fusionlens-provider-choice", "version": 1,
+    {"format": "fusionlens-provider-choice", "version": 2,
      "machines": {<fingerprint>: {"machine": {cpu, cpus, torch, cpu_ext, triton[, gpu, cuda]},
                                   "decisions": {<call key>: {"provider", "times_us", ...}}}}}
 
@@ -32,7 +32,9 @@ import torch
 from kernels import _build
 
 FORMAT = "fusionlens-provider-choice"
-VERSION = 1
+# 2 (2026-12-02): version 1 files may hold decisions judged on first calls alone (a warm-up that
+# counted as the only round), which picked the unfused reference 8x slower: measured anew.
+VERSION = 2
 
 
 def store_path() -> Path:
