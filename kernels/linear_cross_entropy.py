@@ -204,6 +204,32 @@ def _cost(x, weight, target, bias=None, *args, chunk_size=None, **kwargs) -> Cos
     return Cost(flops=6.0 * n * h * v + 6.0 * n * v, bytes_fused=float(fused), bytes_unfused=float(unfused))
 
 
+MEASURE_CHUNKS = 8  # token chunks a provider decision times (see _measure_call)
+
+
+def _measure_call(args: tuple, kwargs: dict) -> tuple | None:
+    """The provider decision's cheaper call: the first MEASURE_CHUNKS token chunks, at the full
+    call's chunk size. Every chunk does the same work (its logits, softmax, dx rows and dW
+    accumulation), so the providers rank on a few chunks as on all of them; timing the whole
+    call (2048 x 768 -> 32000 on 1 CPU thread: 5 s, a warm-up and a timed call per provider)
+    made a first call wait 28 s. None when the call is not much longer than that."""
+    x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size = _bind(*args, **kwargs)
+    n, h, v = int(math.prod(x.shape[:-1])), x.shape[-1], weight.shape[0]
+    c = int(chunk_size) if chunk_size else default_chunk_size(n, h, v)
+    keep = MEASURE_CHUNKS * c
+    if n < 2 * keep or target.numel() != n:
+        return None
+    small = (x.reshape(n, h)[:keep], weight, target.reshape(n)[:keep], bias)
+    kw = dict(ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction, chunk_size=c)
+    return small, kw, f"timed on the first {keep} of {n} tokens ({MEASURE_CHUNKS} chunks of {c})"
+
+
+def _bind(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+          chunk_size=None):
+    """The arguments of `fused_linear_cross_entropy` by name, however they were passed."""
+    return x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size
+
+
 SPEC = register_kernel(KernelSpec(
     name="fused_linear_cross_entropy",
     reference=_reference,
@@ -213,6 +239,7 @@ SPEC = register_kernel(KernelSpec(
     description="linear + cross-entropy in token chunks; the [N, V] logits never exist",
     func_safe=(),  # its aten provider is a chunked autograd.Function too
     reference_measured=False,  # the unfused chain can be faster, but holds the [N, V] logits
+    measure_call=_measure_call,
 ))
 
 

@@ -86,6 +86,10 @@ class KernelSpec:
     # materialise what the kernel exists to avoid, e.g. the [N, V] logits of a fused linear + CE,
     # even when that is faster); it still runs when no provider can.
     reference_measured: bool = True
+    # Optional: fn(args, kwargs) -> (args, kwargs, note) of a cheaper call that ranks the providers
+    # as this call does (a fused linear + CE on a few of its token chunks), or None to time the
+    # call itself. The decision is still kept under the full call's key.
+    measure_call: Callable[..., tuple | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

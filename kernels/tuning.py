@@ -446,7 +446,9 @@ def _decide(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], 
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
         with _saved_tensor_hooks_aside():
-            m = measure(spec, runnable, args, kwargs, grad)
+            smaller = spec.measure_call(args, kwargs) if spec.measure_call is not None else None
+            timed_args, timed_kwargs, part = smaller if smaller is not None else (args, kwargs, "")
+            m = measure(spec, runnable, timed_args, timed_kwargs, grad)
     finally:
         _LOCAL.depth -= 1
     skipped = {**skipped, **m.failed}
@@ -454,8 +456,9 @@ def _decide(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], 
         return Choice(spec.name, runnable[0], "order", key=key, skipped=skipped, grad=grad,
                       note="every provider failed while measured")
     order = PROVIDER_ORDER.get(device.type, tuple(runnable))
-    note = f"timed in the first round only (over {DROP_FACTOR:g}x the fastest): {', '.join(m.first_round_only)}" \
+    dropped = f"timed in the first round only (over {DROP_FACTOR:g}x the fastest): {', '.join(m.first_round_only)}" \
         if m.first_round_only else ""
+    note = "; ".join(n for n in (part, dropped) if n)
     choice = Choice(spec.name, pick(m.times_us, order, TIE_FRACTION), "measured", key=key, times_us=m.times_us,
                     skipped=skipped, clock=m.clock, grad=grad, rounds=m.rounds,
                     decision_s=time.perf_counter() - t0, note=note)

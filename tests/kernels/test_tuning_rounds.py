@@ -109,3 +109,40 @@ def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(mon
         before = Counter(r[r.index(name) - 1] if r.index(name) else "" for r in rounds)
         assert max(before.values()) <= 5, (name, before)  # a fixed rotation gives 6 of 9 (or 9 of 9)
     assert len({r[0] for r in rounds}) == 3
+
+
+def test_a_fused_linear_ce_decision_times_a_few_of_its_chunks(monkeypatch) -> None:
+    """Every token chunk does the same work, so the providers are timed on the first
+    MEASURE_CHUNKS chunks at the call's own chunk size (a whole 2048 x 768 -> 32000 call is 5 s on
+    one CPU thread, and a decision times each provider twice); the note says so, the decision is
+    kept under the full call's key, and the real call still runs on every token."""
+    from kernels import linear_cross_entropy as lce
+
+    spec = kernels.KERNELS["fused_linear_cross_entropy"]
+    seen: list[tuple[int, int]] = []
+    for name in ("cpu", "aten"):
+        real = spec.providers[name]
+
+        def spy(x, weight, target, *args, _real=real, **kw):
+            seen.append((x.numel() // x.shape[-1], kw.get("chunk_size")))
+            return _real(x, weight, target, *args, **kw)
+        monkeypatch.setitem(spec.providers, name, spy)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 100, 16, generator=g, requires_grad=True)  # 300 tokens, chunks of 8: 37.5 chunks
+    w = torch.randn(40, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 40, (3, 100), generator=g)
+    choice = kernels.provider_choice("fused_linear_cross_entropy", x, w, t, chunk_size=8)
+    keep = lce.MEASURE_CHUNKS * 8
+    assert choice.how == "measured" and set(choice.times_us) == {"cpu", "aten"}
+    assert seen and set(seen) == {(keep, 8)}, seen
+    assert f"timed on the first {keep} of 300 tokens" in choice.note
+    assert kernels.provider_choice("fused_linear_cross_entropy", x, w, t, chunk_size=8).how == "cached"
+    seen.clear()
+    loss = kernels.fused_linear_cross_entropy(x, w, t, chunk_size=8)
+    assert seen == [(300, 8)]
+    want = torch.nn.functional.cross_entropy((x.double() @ w.double().T).reshape(-1, 40), t.reshape(-1))
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+    # under two chunks' worth of slack the call itself is timed
+    seen.clear()
+    kernels.provider_choice("fused_linear_cross_entropy", x[:1, :100], w, t[:1, :100], chunk_size=8)
+    assert {n for n, _ in seen} == {100}
