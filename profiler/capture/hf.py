@@ -123,20 +123,40 @@ _SIZE_FIELDS = {
     "dim": ("hidden_size", "d_model"),
     "heads": ("num_attention_heads", "num_key_value_heads", "encoder_attention_heads", "decoder_attention_heads",
               "num_heads"),
-    "vocab": ("vocab_size", "decoder_vocab_size"),
+    "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input"),  # the last: Gemma 3n/4
 }
+# at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state
+_WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width")
 _FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
-               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner")
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")  # MoE: 4 experts, top-2, one group
 _TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 
 
+def _get(cfg: Any, field: str) -> Any:
+    """cfg.field, or None where it is missing or refuses to be read (transformers raises its own
+    errors for a per-layer attribute read globally, and properties may compute from other fields)."""
+    try:
+        return getattr(cfg, field, None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _has(cfg: Any, field: str) -> bool:
+    """The config has `field` (a per-layer attribute counts, though it cannot be read globally)."""
+    try:
+        return hasattr(cfg, field)
+    except Exception:  # noqa: BLE001
+        return True
+
+
 def _set(cfg: Any, field: str, value: Any) -> None:
-    """cfg.field = value where the config has that field and lets it be set (some are properties)."""
-    if hasattr(cfg, field):
+    """cfg.field = value where the config has that field and lets it be set (some are properties,
+    some per-layer attributes that transformers refuses to set globally: left as they are)."""
+    if _has(cfg, field):
         try:
             setattr(cfg, field, value)
-        except (AttributeError, TypeError):
+        except Exception:  # noqa: BLE001  (AttributeError, TypeError, transformers' per-layer errors)
             pass
 
 
@@ -148,52 +168,85 @@ def shrink_config(cfg: Any, s: dict) -> Any:
     for key, fields in _SIZE_FIELDS.items():
         for field in fields:
             _set(cfg, field, s[key])
-    types = getattr(cfg, "layer_types", None)
-    if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
-        # hybrids (linear + full attention, sliding + global): every layer type at least once, in the
-        # order the full model first uses them; the layer count grows to that when the preset's is less
-        kinds = list(dict.fromkeys(types))
-        layers = max(s["layers"], len(kinds))
-        _set(cfg, "layer_types", [kinds[i % len(kinds)] for i in range(layers)])
+    for kinds_field in ("layer_types", "block_types"):  # block_types: RecurrentGemma's repeating pattern
+        types = _get(cfg, kinds_field)
+        if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
+            # hybrids (linear + full attention, sliding + global): every layer type at least once, in the
+            # order the full model first uses them; the layer count grows to that when the preset's is less
+            kinds = list(dict.fromkeys(types))
+            layers = max(s["layers"], len(kinds))
+            _set(cfg, kinds_field, [kinds[i % len(kinds)] for i in range(layers)])
+            for field in _SIZE_FIELDS["layers"]:
+                _set(cfg, field, layers)
+    if _get(cfg, "attn_layer_period") and _has(cfg, "attn_layer_offset"):
+        # Jamba: one attention layer every `period` from `offset`, so the shrunk model keeps one:
+        # layer 0 Mamba, layer 1 attention (and MoE every second layer from 1, as the full model)
         for field in _SIZE_FIELDS["layers"]:
-            _set(cfg, field, layers)
+            _set(cfg, field, max(s["layers"], 2))
+        _set(cfg, "attn_layer_period", 2)
+        _set(cfg, "attn_layer_offset", 1)
+    if _get(cfg, "mamba_n_heads") and _get(cfg, "mamba_expand"):
+        # Bamba, GraniteMoeHybrid: Mamba-2 heads x head dim = expand x width
+        _set(cfg, "mamba_n_heads", s["heads"])
+        _set(cfg, "mamba_d_head", cfg.mamba_expand * s["dim"] // s["heads"])
+        if _get(cfg, "mamba_d_ssm"):  # Falcon-H1 names that product too
+            _set(cfg, "mamba_d_ssm", cfg.mamba_n_heads * cfg.mamba_d_head)
+    if not _has_attention_layer(cfg):
+        _set(cfg, "use_cache", False)  # transformers' cache needs one attention layer to count tokens
+    for field in _WIDTH_FIELDS:
+        _set(cfg, field, s["dim"])
     for field in _FFN_FIELDS:
         _set(cfg, field, 4 * s["dim"])
     head_dim = s["dim"] // s["heads"]
-    for field in ("head_dim", "d_kv", "v_head_dim"):
+    for field in ("head_dim", "d_kv", "v_head_dim", "d_head"):
         _set(cfg, field, head_dim)
-    if hasattr(cfg, "qk_rope_head_dim"):  # multi-head latent attention (DeepSeek): its rope dims are head_dim
+    if _has(cfg, "qk_rope_head_dim"):  # multi-head latent attention (DeepSeek): its rope dims are head_dim
         for field in ("qk_rope_head_dim", "qk_nope_head_dim", "head_dim"):
             _set(cfg, field, head_dim // 2)
     for field in ("q_lora_rank", "kv_lora_rank"):
-        if getattr(cfg, field, None):
+        if _get(cfg, field):
             _set(cfg, field, s["dim"] // 2)
     moe = False
     for field in _EXPERT_FIELDS:
-        if getattr(cfg, field, None):
+        if _get(cfg, field):
             _set(cfg, field, 4)
             moe = True
-    if getattr(cfg, "num_experts_per_tok", None) or (moe and hasattr(cfg, "num_experts_per_tok")):
+    if _get(cfg, "num_experts_per_tok") or (moe and _has(cfg, "num_experts_per_tok")):
         _set(cfg, "num_experts_per_tok", min(cfg.num_experts_per_tok or 2, 2))  # DeepSeek-V2's default is None
     for field in ("n_group", "topk_group", "n_groups"):
         _set(cfg, field, 1)
-    if isinstance(getattr(cfg, "expand", None), int) and hasattr(cfg, "num_heads") and hasattr(cfg, "head_dim"):
+    if isinstance(_get(cfg, "expand"), int) and _has(cfg, "num_heads") and _has(cfg, "head_dim"):
         _set(cfg, "head_dim", cfg.expand * s["dim"] // s["heads"])  # Mamba-2: heads x head_dim = expand x width
     for field in ("max_position_embeddings", "n_positions"):
         _set(cfg, field, s["seq_len"] + 2)
-    if getattr(cfg, "rotary_dim", None):  # GPT-J, CodeGen: the rotated dims, at most the head dim
+    if _get(cfg, "rotary_dim"):  # GPT-J, CodeGen: the rotated dims, at most the head dim
         _set(cfg, "rotary_dim", head_dim)
-    for name in getattr(cfg, "sub_configs", None) or {}:  # multimodal: the text, vision, audio towers too
-        sub = getattr(cfg, name, None)
+    for name in _get(cfg, "sub_configs") or {}:  # multimodal: the text, vision, audio towers too
+        sub = _get(cfg, name)
         if sub is not None and hasattr(sub, "to_dict"):
             shrink_config(sub, s)
     for field in _TOKEN_FIELDS:
-        value = getattr(cfg, field, None)
-        if field == "decoder_start_token_id" and value is None and getattr(cfg, "is_encoder_decoder", False):
+        value = _get(cfg, field)
+        if field == "decoder_start_token_id" and value is None and _get(cfg, "is_encoder_decoder"):
             cfg.decoder_start_token_id = 0
         elif isinstance(value, int) and not 0 <= value < s["vocab"]:
             _set(cfg, field, 0)
     return cfg
+
+
+_RECURRENT_KINDS = ("linear_attention", "mamba", "recurrent", "mamba2", "ssm")
+
+
+def _has_attention_layer(cfg: Any) -> bool:
+    """False for a hybrid config whose layers (as shrunk) are all recurrent (Mamba, linear
+    attention): Bamba without `attn_layer_indices`, GraniteMoeHybrid's default layer types."""
+    if _has(cfg, "attn_layer_indices") and not _get(cfg, "attn_layer_indices"):
+        return False
+    for field in ("layer_types", "layers_block_type", "block_types"):
+        kinds = _get(cfg, field)
+        if isinstance(kinds, (list, tuple)) and kinds and all(isinstance(k, str) for k in kinds):
+            return any(k not in _RECURRENT_KINDS for k in kinds)
+    return True
 
 
 def _auto(tf: Any, model_type: str, s: dict):

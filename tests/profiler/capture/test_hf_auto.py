@@ -50,6 +50,38 @@ def test_family_builds_small_and_trains(name):
     assert sum(g is not None for g in grads) >= 0.9 * len(grads)
 
 
+# hybrids and per-layer configs: (class, what the shrunk config must keep)
+HYBRIDS = {
+    "jamba": ("JambaForCausalLM", lambda c: set(c.layers_block_type) == {"mamba", "attention"}),
+    "recurrent_gemma": ("RecurrentGemmaForCausalLM", lambda c: set(c.block_types) == {"recurrent", "attention"}),
+    "bamba": ("BambaForCausalLM", lambda c: c.use_cache is False),  # all Mamba-2: no cache to count tokens
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", lambda c: c.use_cache is False),
+    "falcon_h1": ("FalconH1ForCausalLM", lambda c: c.mamba_d_ssm == c.mamba_n_heads * c.mamba_d_head),
+    "gemma4_text": ("Gemma4ForCausalLM",  # per-layer head dims, which transformers refuses to set globally
+                    lambda c: set(c.layer_types) == {"sliding_attention", "full_attention"}
+                    and c.vocab_size_per_layer_input == c.vocab_size),
+}
+
+
+@pytest.mark.parametrize("name", list(HYBRIDS))
+def test_hybrid_and_per_layer_configs_build_small_and_train(name):
+    """Until 2026-12-02 these failed: Jamba and RecurrentGemma shrunk to Mamba/recurrent layers
+    only (transformers' cache then cannot count tokens), Bamba's and GraniteMoeHybrid's Mamba-2
+    heads stayed at full size, Gemma 4 refused a global head_dim and kept 262144 x 256 per-layer
+    input embeddings per layer (134 M parameters at "tiny")."""
+    lm = load_spec(f"hf:{name}", size="tiny")
+    cls, keeps = HYBRIDS[name]
+    assert type(lm.model).__name__ == cls
+    cfg = lm.model.config
+    assert keeps(cfg) and cfg.vocab_size == hf.HF_PRESETS["tiny"]["vocab"]
+    assert sum(p.numel() for p in lm.model.parameters()) < 200_000
+    loss = loss_of(lm.call())
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()
+    grads = [p.grad for p in lm.model.parameters() if p.requires_grad]
+    assert sum(g is not None for g in grads) >= 0.8 * len(grads)
+
+
 def test_settings_override_the_preset():
     lm = load_spec("hf:qwen2", size="tiny", overrides={"layers": 2, "dim": 64, "heads": 4, "seq_len": 8})
     cfg = lm.model.config
