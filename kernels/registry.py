@@ -125,8 +125,8 @@ OP_COSTS: dict[str, Callable[..., Cost]] = {}
 # the output pool's controls and its allocation (a profiler counts allocations as such), and the
 # composite norm_eager_grads (kernels/norm_function.py), whose eager ops are counted one by one.
 NO_COMPUTE_OPS = frozenset({"activations_isa", "cross_entropy_isa", "norms_isa", "optim_isa", "rope_isa",
-                            "softmax_isa", "empty_pooled", "empty_output", "pool_configure", "pool_empty", "pool_stats",
-                            "norm_eager_grads"})
+                            "softmax_isa", "empty_pooled", "empty_output", "pool_configure", "pool_empty",
+                            "pool_stats", "norm_eager_grads"})
 
 
 def register_op_cost(*names: str):
