@@ -19,6 +19,7 @@ import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -128,8 +129,9 @@ _SIZE_FIELDS = {
 # at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state
 _WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width")
 _FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
-               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner")
-_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")  # MoE: 4 experts, top-2, one group
+               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner",
+               "expert_ffn_hidden_size")
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "zero_expert_num")  # MoE: 4 experts, top-2, one group
 _TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 
 
@@ -251,8 +253,31 @@ def _has_attention_layer(cfg: Any) -> bool:
 
 def _auto(tf: Any, model_type: str, s: dict):
     """An LM of any text model_type transformers knows, from its default config shrunk to the preset."""
-    cfg = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s)), s)
-    return getattr(tf, auto_model_types()[model_type]).from_config(cfg), _lm_inputs(s)
+    return getattr(tf, auto_model_types()[model_type]).from_config(_shrunk_config(tf, model_type, s)), _lm_inputs(s)
+
+
+def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:
+    """The default config of `model_type` shrunk to the preset, then built again from the shrunk
+    values, so that fields its constructor derives from them follow (Zamba2's attention width);
+    per-layer overrides (Gemma 4, dots3: some layers' own heads and head dims, which the built
+    config refuses to have set) are shrunk by the same rules and passed in. A constructor that
+    refuses the values leaves the config as shrunk in place."""
+    cfg = tf.AutoConfig.for_model(model_type, **_attn(s))
+    before = cfg.to_dict()
+    shrink_config(cfg, s)
+    subs = set(getattr(cfg, "sub_configs", None) or {})
+    changed = {k: v for k, v in cfg.to_dict().items() if k not in subs and before.get(k) != v}
+    try:
+        rebuilt = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s), **changed), s)
+        per_layer = rebuilt.to_dict().get("per_layer_config")
+        if isinstance(per_layer, dict) and per_layer:
+            shrunk = {layer: vars(shrink_config(SimpleNamespace(**fields), s)) for layer, fields in per_layer.items()}
+            if shrunk != per_layer:
+                rebuilt = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s), **changed,
+                                                                per_layer_config=shrunk), s)
+        return rebuilt
+    except Exception:  # noqa: BLE001
+        return cfg
 
 
 def _builder(spec: str, name: str) -> Callable[[Any, dict], tuple[torch.nn.Module, dict]]:

@@ -57,6 +57,9 @@ HYBRIDS = {
     "bamba": ("BambaForCausalLM", lambda c: c.use_cache is False),  # all Mamba-2: no cache to count tokens
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", lambda c: c.use_cache is False),
     "falcon_h1": ("FalconH1ForCausalLM", lambda c: c.mamba_d_ssm == c.mamba_n_heads * c.mamba_d_head),
+    # fields its constructor derives from the width (attention width 2x, Mamba head dim): built again
+    "zamba2": ("Zamba2ForCausalLM", lambda c: c.attention_hidden_size == 2 * c.hidden_size),
+    "longcat_flash": ("LongcatFlashForCausalLM", lambda c: (c.n_routed_experts, c.zero_expert_num) == (4, 4)),
     "gemma4_text": ("Gemma4ForCausalLM",  # per-layer head dims, which transformers refuses to set globally
                     lambda c: set(c.layer_types) == {"sliding_attention", "full_attention"}
                     and c.vocab_size_per_layer_input == c.vocab_size),
@@ -68,7 +71,8 @@ def test_hybrid_and_per_layer_configs_build_small_and_train(name):
     """Until 2026-12-02 these failed: Jamba and RecurrentGemma shrunk to Mamba/recurrent layers
     only (transformers' cache then cannot count tokens), Bamba's and GraniteMoeHybrid's Mamba-2
     heads stayed at full size, Gemma 4 refused a global head_dim and kept 262144 x 256 per-layer
-    input embeddings per layer (134 M parameters at "tiny")."""
+    input embeddings per layer (134 M parameters at "tiny"); Zamba2 kept the attention width and
+    Mamba head dims its constructor had derived from the full width, LongCat-Flash 256 zero experts."""
     lm = load_spec(f"hf:{name}", size="tiny")
     cls, keeps = HYBRIDS[name]
     assert type(lm.model).__name__ == cls
