@@ -89,7 +89,8 @@ def main() -> None:
         p80 = {k: percentiles(v)[2] * 1e3 for k, v in timing.cpu_s.items()}
         cell = {k: f"{med[k]:.2f} ({p20[k]:.2f}-{p80[k]:.2f})" for k in med}
         table.append([name, shape, cell["ours"], cell["ours_compiled"], cell["torch"], cell["torch_compiled"],
-                      f"{med['ours_compiled'] / med['ours']:.2f}", f"{med['torch_compiled'] / med['ours_compiled']:.2f}"])
+                      f"{med['ours_compiled'] / med['ours']:.2f}",
+                      f"{med['torch_compiled'] / med['ours_compiled']:.2f}"])
     print(f"machine: {machine()}")
     print_table("fwd+bwd CPU ms per step, median (p20-p80)",
                 ["case", "input", "ours", "ours compiled", "torch", "torch compiled",

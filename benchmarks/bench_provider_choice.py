@@ -126,7 +126,8 @@ def main() -> None:
                 mode = "fwd+bwd" if grad else "fwd"
                 shape = f"{rows}x{hidden}"
                 clock = "process_cpu" if threads == 1 else "wall"
-                notes = f"threads={threads}; picks={'/'.join(chosen)}; clock={clock}" + ("; fresh" if opts.fresh else "")
+                notes = f"threads={threads}; picks={'/'.join(chosen)}; clock={clock}"
+                notes += "; fresh" if opts.fresh else ""
                 d20, d50, d80 = percentiles(decision_s[(name, grad)])
                 out_rows.append(dict(benchmark="provider_choice", variant=f"{name}:decision", shape=shape,
                                      metric=f"{mode}_decision_s", p20=d20, p50=d50, p80=d80, unit="s", notes=notes))

@@ -212,7 +212,7 @@ def _measure_call(args: tuple, kwargs: dict) -> tuple | None:
     call's chunk size. Every chunk does the same work (its logits, softmax, dx rows and dW
     accumulation), so the providers rank on a few chunks as on all of them; timing the whole
     call (2048 x 768 -> 32000 on 1 CPU thread: 5 s, a warm-up and a timed call per provider)
-    made a first call wait 28 s. None when the call is not much longer than that."""
+    made a first call wait 28 s. None under 2 x MEASURE_CHUNKS chunks: the call itself is timed."""
     x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size = _bind(*args, **kwargs)
     n, h, v = int(math.prod(x.shape[:-1])), x.shape[-1], weight.shape[0]
     c = int(chunk_size) if chunk_size else default_chunk_size(n, h, v)

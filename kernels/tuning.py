@@ -18,7 +18,9 @@ a provider `DROP_FACTOR` x slower than the fastest in the first round (and long)
 A warm-up is never a sample: a first call can be 35x the next (a 4096 x 3072 SwiGLU forward +
 backward on CPU: 765 ms, then 22 ms, fresh pages for its outputs and gradients), so every decision
 times at least one more call of each candidate, however long the warm-ups were.
-The measured outputs are dropped: the real call runs afterwards with the chosen provider.
+The measured outputs are dropped: the real call runs afterwards with the chosen provider. A kernel
+whose every call is long can name a cheaper call that ranks its providers the same way
+(`KernelSpec.measure_call`: a fused linear + CE times 8 of its token chunks).
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
 trace, under `poison_outputs()`, while a CUDA graph is captured, the autograd profiler records, or

@@ -131,7 +131,8 @@ _WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width")
 _FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
                "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner",
                "expert_ffn_hidden_size")
-_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "zero_expert_num")  # MoE: 4 experts, top-2, one group
+# MoE: 4 experts (LongCat's identity "zero experts" too), top-2, one group
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "zero_expert_num")
 _TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 
 
@@ -165,8 +166,9 @@ def _set(cfg: Any, field: str, value: Any) -> None:
 def shrink_config(cfg: Any, s: dict) -> Any:
     """`cfg` at the preset's size: layers, width, heads (KV heads too), FFN 4x width, head dim
     width/heads (latent attention's ranks and split head dims to match), MoE at 4 experts top-2,
+    hybrids with every layer kind kept (and no cache where all are recurrent), Mamba-2 heads,
     positions seq_len + 2 (encoders that offset positions by the pad index), and token ids inside
-    the vocabulary."""
+    the vocabulary. Works on any object with those attributes (a per-layer override too)."""
     for key, fields in _SIZE_FIELDS.items():
         for field in fields:
             _set(cfg, field, s[key])
@@ -253,7 +255,8 @@ def _has_attention_layer(cfg: Any) -> bool:
 
 def _auto(tf: Any, model_type: str, s: dict):
     """An LM of any text model_type transformers knows, from its default config shrunk to the preset."""
-    return getattr(tf, auto_model_types()[model_type]).from_config(_shrunk_config(tf, model_type, s)), _lm_inputs(s)
+    model = getattr(tf, auto_model_types()[model_type]).from_config(_shrunk_config(tf, model_type, s))
+    return model, _lm_inputs(s)
 
 
 def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:
@@ -271,7 +274,8 @@ def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:
         rebuilt = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s), **changed), s)
         per_layer = rebuilt.to_dict().get("per_layer_config")
         if isinstance(per_layer, dict) and per_layer:
-            shrunk = {layer: vars(shrink_config(SimpleNamespace(**fields), s)) for layer, fields in per_layer.items()}
+            shrunk = {layer: vars(shrink_config(SimpleNamespace(**fields), s))
+                      for layer, fields in per_layer.items()}
             if shrunk != per_layer:
                 rebuilt = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s), **changed,
                                                                 per_layer_config=shrunk), s)
