@@ -150,18 +150,44 @@ class DecisionStore:
             if not isinstance(section, dict) or not isinstance(section.get("decisions"), dict):
                 section = doc["machines"][fp] = {"machine": parts, "decisions": {}}
             section["decisions"][key] = record
+            self._write(path, doc)
+
+    def _write(self, path: Path, doc: dict[str, Any]) -> bool:
+        """Replace the file with `doc` atomically; False (warned once) when it cannot be written."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".provider_choice.",
+                                             suffix=".tmp", delete=False) as tmp:
+                json.dump(doc, tmp, indent=1, sort_keys=True)
+            os.replace(tmp.name, path)
+            return True
+        except OSError as exc:
+            self._warn(path, f"could not write the decisions file: {exc}")
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".provider_choice.",
-                                                 suffix=".tmp", delete=False) as tmp:
-                    json.dump(doc, tmp, indent=1, sort_keys=True)
-                os.replace(tmp.name, path)
-            except OSError as exc:
-                self._warn(path, f"could not write the decisions file: {exc}")
-                try:
-                    os.unlink(tmp.name)
-                except (OSError, NameError):
-                    pass
+                os.unlink(tmp.name)
+            except (OSError, NameError):
+                pass
+            return False
+
+    def stored(self, device: torch.device) -> dict[str, dict]:
+        """Every decision this machine and build has for `device` type: {call key: record}."""
+        fp, _ = machine(device.type, device.index)
+        with self._lock:
+            return {k: e.record for k, e in sorted(self._decisions(store_path(), fp).items())}
+
+    def drop_machine(self, device: torch.device) -> int:
+        """Forget (in memory and in the file) every decision of this machine and build for
+        `device` type, so the next calls measure anew; other machines' sections stay. Returns how
+        many were dropped."""
+        fp, _ = machine(device.type, device.index)
+        path = store_path()
+        with self._lock:
+            dropped = len(self._decisions(path, fp))
+            self._memory.pop((str(path), fp), None)
+            doc = self._read(path)
+            if doc and doc["machines"].pop(fp, None) is not None:
+                self._write(path, doc)
+            return dropped
 
     def forget(self) -> None:
         """Drop the in-memory decisions (the file stays; it is read again on the next lookup)."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import kernels
 from kernels.__main__ import NOT_PROBED, inventory, main, render
 from kernels.registry import KERNELS, available_providers
@@ -52,3 +54,37 @@ def test_module_entry_point_and_bad_arguments() -> None:
     bad = subprocess.run([sys.executable, "-m", "kernels", "frobnicate"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_decisions_lists_measured_choices_and_forget_drops_them(tmp_path, monkeypatch, capsys) -> None:
+    """`decisions` shows what the measured choice picked per shape class (from the decisions file
+    of this machine and build); `forget` drops them, file included, and the next call measures."""
+    import torch
+
+    from kernels import tuning
+
+    kernels.available_providers()  # probe (and build) in the normal data dir first: not in tmp_path
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(tuning.ENV_MODE, "measure")
+    tuning.forget_decisions()
+    try:
+        assert main(["decisions"]) == 0
+        assert "No measured provider choices stored" in capsys.readouterr().out
+        x = torch.randn(64, 96)
+        choice = kernels.provider_choice("gelu", x)
+        assert choice.how == "measured"
+        tuning.forget_decisions()  # what a new process sees: the file
+        out = tmp_path / "dec.json"
+        assert main(["decisions", "--json", str(out)]) == 0
+        text = capsys.readouterr().out
+        (row,) = json.loads(out.read_text())["decisions"]
+        assert row["kernel"] == "gelu" and row["provider"] == choice.provider and row["pass"] == "fwd"
+        assert row["times_us"] == pytest.approx(dict(choice.times_us))
+        assert row["threads"] == f"t{torch.get_num_threads()}" and row["key"] == choice.key
+        assert f"-> {choice.provider}" in text and "gelu" in text
+        assert main(["forget"]) == 0
+        assert "forgot 1 measured provider choice(s)" in capsys.readouterr().out
+        assert json.loads((tmp_path / "tuning" / "provider_choice.json").read_text())["machines"] == {}
+        assert kernels.provider_choice("gelu", x).how == "measured"  # measured anew
+    finally:
+        tuning.forget_decisions()
