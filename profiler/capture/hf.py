@@ -202,8 +202,9 @@ def shrink_config(cfg: Any, s: dict) -> Any:
     for field in _FFN_FIELDS:
         _set(cfg, field, 4 * s["dim"])
     head_dim = s["dim"] // s["heads"]
-    for field in ("head_dim", "d_kv", "v_head_dim", "d_head"):
+    for field in ("head_dim", "d_kv", "v_head_dim", "d_head", "index_head_dim"):  # index_*: dots3's indexer
         _set(cfg, field, head_dim)
+    _set(cfg, "index_n_heads", s["heads"])
     if _has(cfg, "qk_rope_head_dim"):  # multi-head latent attention (DeepSeek): its rope dims are head_dim
         for field in ("qk_rope_head_dim", "qk_nope_head_dim", "head_dim"):
             _set(cfg, field, head_dim // 2)
