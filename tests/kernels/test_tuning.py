@@ -88,6 +88,25 @@ def test_decisions_persist_and_are_reused_by_a_fresh_process(toy, isolated) -> N
     assert not list(path.parent.glob("*.tmp"))  # atomic writes leave no temporary behind
 
 
+def test_a_decisions_file_of_an_older_version_is_measured_anew(toy, isolated) -> None:
+    """Version 1 files may hold decisions judged on first calls alone (warm-ups as the only round,
+    until 2026-12-02), which stored the unfused reference 8x slower: they are not reused, and the
+    next decision rewrites the file at the current version."""
+    spec = toy(cpu=20, aten=1)
+    x = torch.randn(N)
+    first = kernels.provider_choice(spec.name, x)
+    path = isolated / "tuning" / "provider_choice.json"
+    doc = json.loads(path.read_text())
+    doc["version"] = 1
+    fp, _ = tuning_store.machine("cpu")
+    doc["machines"][fp]["decisions"][first.key]["provider"] = "cpu"  # what a first-call decision stored
+    path.write_text(json.dumps(doc))
+    tuning.forget_decisions()
+    again = kernels.provider_choice(spec.name, x)
+    assert again.how == "measured" and again.provider == "aten"
+    assert json.loads(path.read_text())["version"] == tuning_store.VERSION == 2
+
+
 def test_another_machine_fingerprint_measures_again(toy, isolated, monkeypatch) -> None:
     spec = toy(cpu=20, aten=1)
     kernels.provider_choice(spec.name, torch.randn(N))
