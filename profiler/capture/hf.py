@@ -208,6 +208,9 @@ def shrink_config(cfg: Any, s: dict) -> Any:
     if _has(cfg, "qk_rope_head_dim"):  # multi-head latent attention (DeepSeek): its rope dims are head_dim
         for field in ("qk_rope_head_dim", "qk_nope_head_dim", "head_dim"):
             _set(cfg, field, head_dim // 2)
+        factor = _partial_rotary_factor(cfg)
+        if factor < 1.0:  # dots3: the rotated dims are head_dim x factor, which must stay qk_rope_head_dim
+            _set(cfg, "head_dim", int(round(head_dim // 2 / factor)))
     for field in ("q_lora_rank", "kv_lora_rank"):
         if _get(cfg, field):
             _set(cfg, field, s["dim"] // 2)
@@ -237,6 +240,20 @@ def shrink_config(cfg: Any, s: dict) -> Any:
         elif isinstance(value, int) and not 0 <= value < s["vocab"]:
             _set(cfg, field, 0)
     return cfg
+
+
+def _partial_rotary_factor(cfg: Any) -> float:
+    """The rotated fraction of the head dim from `rope_parameters` (per layer type or flat), 1.0
+    when none is given."""
+    params = _get(cfg, "rope_parameters")
+    if not isinstance(params, dict):
+        return 1.0
+    nested = [v for v in params.values() if isinstance(v, dict)]
+    for p in nested or [params]:
+        factor = p.get("partial_rotary_factor")
+        if isinstance(factor, (int, float)) and 0 < factor:
+            return float(factor)
+    return 1.0
 
 
 _RECURRENT_KINDS = ("linear_attention", "mamba", "recurrent", "mamba2", "ssm")
@@ -273,10 +290,15 @@ def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:
     changed = {k: v for k, v in cfg.to_dict().items() if k not in subs and before.get(k) != v}
     try:
         rebuilt = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s), **changed), s)
-        per_layer = rebuilt.to_dict().get("per_layer_config")
+        full = rebuilt.to_dict()
+        per_layer = full.get("per_layer_config")
         if isinstance(per_layer, dict) and per_layer:
-            shrunk = {layer: vars(shrink_config(SimpleNamespace(**fields), s))
+            # an override equal to the shrunk global value is dropped: transformers wants every layer
+            # of a type to have the same overrides, and the first layer of a type often has none
+            shrunk = {layer: {k: v for k, v in vars(shrink_config(SimpleNamespace(**fields), s)).items()
+                              if full.get(k) != v}
                       for layer, fields in per_layer.items()}
+            shrunk = {layer: fields for layer, fields in shrunk.items() if fields}
             if shrunk != per_layer:
                 rebuilt = shrink_config(tf.AutoConfig.for_model(model_type, **_attn(s), **changed,
                                                                 per_layer_config=shrunk), s)
