@@ -126,8 +126,11 @@ _SIZE_FIELDS = {
               "num_heads"),
     "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input"),  # the last: Gemma 3n/4
 }
-# at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state
-_WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width")
+# at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state,
+# embedding widths (SqueezeBERT's must equal the hidden size, MobileBERT's bottleneck must not
+# exceed it, xLSTM's is its width)
+_WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width", "embedding_size", "intra_bottleneck_size",
+                 "embedding_dim")
 _FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
                "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner",
                "expert_ffn_hidden_size")
