@@ -275,9 +275,18 @@ def _has_attention_layer(cfg: Any) -> bool:
 
 
 def _auto(tf: Any, model_type: str, s: dict):
-    """An LM of any text model_type transformers knows, from its default config shrunk to the preset."""
-    model = getattr(tf, auto_model_types()[model_type]).from_config(_shrunk_config(tf, model_type, s))
-    return model, _lm_inputs(s)
+    """An LM of any text model_type transformers knows, from its default config shrunk to the preset.
+    A model that cannot be built with one layer (RWKV's weight init divides by layers - 1) gets two."""
+    auto_class = getattr(tf, auto_model_types()[model_type])
+    try:
+        return auto_class.from_config(_shrunk_config(tf, model_type, s)), _lm_inputs(s)
+    except Exception as first:
+        if s["layers"] != 1:
+            raise
+        try:
+            return auto_class.from_config(_shrunk_config(tf, model_type, {**s, "layers": 2})), _lm_inputs(s)
+        except Exception:
+            raise first from None  # the cause at the preset's own size
 
 
 def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:

@@ -86,6 +86,15 @@ def test_hybrid_and_per_layer_configs_build_small_and_train(name):
     assert sum(g is not None for g in grads) >= 0.8 * len(grads)
 
 
+def test_a_model_that_cannot_have_one_layer_gets_two():
+    """RWKV's weight init divides by layers - 1: at the tiny preset (1 layer) it gets 2."""
+    lm = load_spec("hf:rwkv", size="tiny")
+    assert type(lm.model).__name__ == "RwkvForCausalLM" and lm.model.config.num_hidden_layers == 2
+    loss = loss_of(lm.call())
+    assert math.isfinite(loss.item())
+    loss.backward()
+
+
 def test_settings_override_the_preset():
     lm = load_spec("hf:qwen2", size="tiny", overrides={"layers": 2, "dim": 64, "heads": 4, "seq_len": 8})
     cfg = lm.model.config
