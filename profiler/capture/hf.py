@@ -238,8 +238,8 @@ def shrink_config(cfg: Any, s: dict) -> Any:
             shrink_config(sub, s)
     for field in _TOKEN_FIELDS:
         value = _get(cfg, field)
-        if field == "decoder_start_token_id" and value is None and _get(cfg, "is_encoder_decoder"):
-            cfg.decoder_start_token_id = 0
+        if field in ("decoder_start_token_id", "pad_token_id") and value is None and _get(cfg, "is_encoder_decoder"):
+            setattr(cfg, field, 0)  # seq2seq shifts the labels right: it needs both (T5 lacks the field)
         elif isinstance(value, int) and not 0 <= value < s["vocab"]:
             _set(cfg, field, 0)
     return cfg
