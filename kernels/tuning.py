@@ -347,7 +347,8 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
             noticed = True
             print(f"FusionLens: timing {len(candidates)} providers of {spec.name} once for this shape class "
                   f"({sum(warm.values()):.0f} s so far; the fastest is kept per machine, "
-                  f"{ENV_MODE}=order skips measuring)", file=sys.stderr, flush=True)
+                  f"{ENV_MODE}=order skips measuring; `python -m kernels decisions` lists them)",
+                  file=sys.stderr, flush=True)
     samples: dict[str, list[float]] = {p: [] for p in runs}
     inner = {p: max(1, min(MAX_INNER, int(SAMPLE_TARGET_S / max(w, 1e-7)))) for p, w in warm.items()}
     timed, slow = list(runs), ()

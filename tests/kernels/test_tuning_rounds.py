@@ -81,6 +81,7 @@ def test_a_slow_first_measurement_says_what_the_pause_is(toy, monkeypatch, capsy
     assert err.count("\n") == 1 and f"timing 3 providers of {spec.name} once for this shape class" in err
     assert "s so far" in err
     assert "FUSIONLENS_PROVIDER_CHOICE=order skips measuring" in err
+    assert "`python -m kernels decisions` lists them" in err
 
 
 def test_rounds_shuffle_the_order_so_no_provider_always_follows_the_same_one(monkeypatch) -> None:
