@@ -121,7 +121,7 @@ def auto_model_types() -> dict[str, str]:
 # Config fields set to a preset value where the config has them: preset key -> field spellings.
 _SIZE_FIELDS = {
     "layers": ("num_hidden_layers", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers"),
-    "dim": ("hidden_size", "d_model"),
+    "dim": ("hidden_size", "d_model", "cross_attention_hidden_size"),  # the last: T5Gemma's encoder width
     "heads": ("num_attention_heads", "num_key_value_heads", "encoder_attention_heads", "decoder_attention_heads",
               "num_heads"),
     "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input"),  # the last: Gemma 3n/4

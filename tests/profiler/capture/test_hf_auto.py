@@ -60,6 +60,8 @@ HYBRIDS = {
     # fields its constructor derives from the width (attention width 2x, Mamba head dim): built again
     "zamba2": ("Zamba2ForCausalLM", lambda c: c.attention_hidden_size == 2 * c.hidden_size),
     "longcat_flash": ("LongcatFlashForCausalLM", lambda c: (c.n_routed_experts, c.zero_expert_num) == (4, 4)),
+    "t5gemma": ("T5GemmaForConditionalGeneration",  # the decoder's cross-attention reads the encoder's width
+                lambda c: c.decoder.cross_attention_hidden_size == c.encoder.hidden_size == 32),
     "gemma4_text": ("Gemma4ForCausalLM",  # per-layer head dims, which transformers refuses to set globally
                     lambda c: set(c.layer_types) == {"sliding_attention", "full_attention"}
                     and c.vocab_size_per_layer_input == c.vocab_size),
