@@ -15,6 +15,7 @@ Without gradients (no_grad / inference) the chunks compute the loss only.
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -213,21 +214,18 @@ def _measure_call(args: tuple, kwargs: dict) -> tuple | None:
     accumulation), so the providers rank on a few chunks as on all of them; timing the whole
     call (2048 x 768 -> 32000 on 1 CPU thread: 5 s, a warm-up and a timed call per provider)
     made a first call wait 28 s. None under 2 x MEASURE_CHUNKS chunks: the call itself is timed."""
-    x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size = _bind(*args, **kwargs)
+    bound = inspect.signature(_reference).bind(*args, **kwargs)  # the dispatch arguments, by name
+    bound.apply_defaults()
+    call = dict(bound.arguments)
+    x, weight, target = call.pop("x"), call.pop("weight"), call.pop("target")
     n, h, v = int(math.prod(x.shape[:-1])), x.shape[-1], weight.shape[0]
-    c = int(chunk_size) if chunk_size else default_chunk_size(n, h, v)
+    c = int(call["chunk_size"]) if call["chunk_size"] else default_chunk_size(n, h, v)
     keep = MEASURE_CHUNKS * c
     if n < 2 * keep or target.numel() != n:
         return None
-    small = (x.reshape(n, h)[:keep], weight, target.reshape(n)[:keep], bias)
-    kw = dict(ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction, chunk_size=c)
-    return small, kw, f"timed on the first {keep} of {n} tokens ({MEASURE_CHUNKS} chunks of {c})"
-
-
-def _bind(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
-          chunk_size=None):
-    """The arguments of `fused_linear_cross_entropy` by name, however they were passed."""
-    return x, weight, target, bias, ignore_index, label_smoothing, reduction, chunk_size
+    small = (x.reshape(n, h)[:keep], weight, target.reshape(n)[:keep])
+    note = f"timed on the first {keep} of {n} tokens ({MEASURE_CHUNKS} chunks of {c})"
+    return small, {**call, "chunk_size": c}, note
 
 
 SPEC = register_kernel(KernelSpec(
