@@ -170,13 +170,10 @@ def packed_source(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     if (n == 0 or a.shape != b.shape or base.numel() != 2 * a.numel() or a.stride(-1) != 1
             or a.storage_offset() != base.storage_offset() or b.storage_offset() != base.storage_offset() + n):
         return None
-    stride, strides = 1, []  # the strides of a contiguous [..., 2n]: a and b are its two halves
-    for size in reversed([*a.shape[:-1], 2 * n]):
-        strides.insert(0, stride)
-        stride *= size
-    if list(a.stride()) != strides or list(b.stride()) != strides:
+    packed = base.view(*a.shape[:-1], 2 * n)  # contiguous [..., 2n]: a and b must be its two halves
+    if a.stride() != packed.stride() or b.stride() != packed.stride():
         return None
-    return base.view(-1, 2 * n)
+    return packed.view(-1, 2 * n)
 
 
 def _act(provider: str, x: torch.Tensor, bias: torch.Tensor | None, kind: int) -> torch.Tensor:
