@@ -92,7 +92,7 @@ def decisions() -> dict[str, Any]:
     """{"file", "decisions": [...]}: the measured choices stored for this machine and build."""
     rows = []
     for device in _devices():
-        for key, rec in tuning._STORE.stored(device).items():
+        for key, rec in tuning.stored_decisions(device).items():
             kernel, dev, threads, mode, inputs = (key.split("|", 4) + [""] * 5)[:5]
             rows.append({"kernel": kernel, "device": dev, "threads": threads, "pass": mode, "inputs": inputs,
                          "provider": rec["provider"], "times_us": rec["times_us"],
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         dec = decisions()
         return _emit(dec, render_decisions(dec), args.json)
     if args.command == "forget":
-        dropped = sum(tuning._STORE.drop_machine(device) for device in _devices())
+        dropped = sum(tuning.drop_stored_decisions(device) for device in _devices())
         print(f"forgot {dropped} measured provider choice(s) of this machine and build "
               f"({tuning_store.store_path()}); the next calls measure anew")
         return 0

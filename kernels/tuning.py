@@ -489,3 +489,14 @@ def provider_choice(name: str, *args: Any, provider: str | None = None, **kwargs
 def forget_decisions() -> None:
     """Forget the in-memory decisions (tests; after changing threads the key changes anyway)."""
     _STORE.forget()
+
+
+def stored_decisions(device: torch.device) -> dict[str, dict]:
+    """{call key: record} of every decision kept for this machine and build on `device`'s type."""
+    return _STORE.stored(device)
+
+
+def drop_stored_decisions(device: torch.device) -> int:
+    """Drop this machine's and build's decisions for `device`'s type, file included (the next calls
+    measure anew); returns how many there were."""
+    return _STORE.drop_machine(device)
