@@ -15,11 +15,10 @@ private generator) when an input requires grad. Clock: process CPU time at one t
 other processes on a shared machine), wall time at more threads (where latency is what the
 threads buy), CUDA events on GPUs. A decision stops after `BUDGET_S` (at least one timed round);
 a provider `DROP_FACTOR` x slower than the fastest in the first round (and long) skips the rest.
-A warm-up is never a sample: a first call can be 35x the next (a 4096 x 3072 SwiGLU forward +
-backward on CPU: 765 ms, then 22 ms, fresh pages for its outputs and gradients), so every decision
-times at least one more call of each candidate, however long the warm-ups were.
-The measured outputs are dropped: the real call runs afterwards with the chosen provider. A kernel
-whose every call is long can name a cheaper call that ranks its providers the same way
+A warm-up is never a sample: a first call can be 35x the next (SwiGLU fwd+bwd at 4096 x 3072 on
+CPU: 765 ms, then 22 ms: fresh pages), so each candidate is timed once more, however long. The
+measured outputs are dropped: the real call runs afterwards with the chosen provider. A kernel
+whose calls are long can name a cheaper call that ranks its providers the same way
 (`KernelSpec.measure_call`: a fused linear + CE times 8 of its token chunks).
 
 Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
@@ -497,6 +496,5 @@ def stored_decisions(device: torch.device) -> dict[str, dict]:
 
 
 def drop_stored_decisions(device: torch.device) -> int:
-    """Drop this machine's and build's decisions for `device`'s type, file included (the next calls
-    measure anew); returns how many there were."""
+    """Drop this machine's decisions for `device`'s type, file included; returns how many."""
     return _STORE.drop_machine(device)
