@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Optional
 import pandas as pd
 import torch
 
+from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
 from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn
 from profiler.errors import FusionLensError
 
@@ -203,8 +204,6 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
         raise CaptureError(f"--nproc {nproc} needs {nproc} GPUs, found {torch.cuda.device_count()}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
-
     t0 = time.perf_counter()
     say = progress or (lambda done, total, msg: None)
     attempt = time.time()
@@ -238,7 +237,6 @@ def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int 
     if nproc < 1:
         raise CaptureError(f"ranks must be >= 1, got {nproc}")
     if nproc == 1:
-        from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
         from profiler.capture.runner import capture
 
         start = time.time()
