@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # first, even when PYTHONPATH has it: benchmarks/kernels/ must not shadow kernels
 
 from benchmarks.bench_ingest import big_trace  # noqa: E402
 from benchmarks.harness import append_rows, machine, percentiles, print_table  # noqa: E402
