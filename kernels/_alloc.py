@@ -177,6 +177,8 @@ def attach_pool() -> None:
     # the mode would record the configuration as one of the model's ops
     with _disable_current_modes():
         ops.pool_configure(pool_cap_bytes(), POOL_MIN_BYTES, hugepage_status() is None)
+    if _pool_op is None:
+        torch.library.register_fake("fusionlens::empty_output", _empty_output_fake)
     _pool_op = ops.empty_pooled.default
 
 
@@ -226,17 +228,12 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 # Under torch.compile tracing the pool op cannot be called (Dynamo would run it once and bake its
 # output into the graph as a constant) nor the huge-page advice traced (`UntypedStorage.nbytes`).
-# A large CPU output is traced as `fusionlens::empty_output` instead: an opaque op whose run-time
-# impl is `empty` above, so a compiled graph's large outputs come from the pool too. Inductor's own
-# allocations are fresh mappings every call: a compiled SwiGLU module's forward + backward at
-# 4096 x 3072 fp32 ran 112 ms on them against eager's 25 (page faults), 26 ms on the pool.
-_OUTPUT_LIB = torch.library.Library("fusionlens", "FRAGMENT")
-_OUTPUT_LIB.define("empty_output(SymInt[] shape, ScalarType dtype) -> Tensor")
-_OUTPUT_LIB.impl("empty_output", lambda shape, dtype: empty(tuple(shape), dtype, torch.device("cpu")),
-                 "CompositeExplicitAutograd")  # no tensor argument: one impl for every key
-
-
-@torch.library.register_fake("fusionlens::empty_output", lib=_OUTPUT_LIB)
+# A large CPU output is traced as `fusionlens::empty_output` instead: an opaque op of the C++
+# extension (kernels/csrc/pool.cpp) that makes the same choice as `empty` above at run time, so a
+# compiled graph's large outputs come from the pool too. Inductor's own allocations are fresh
+# mappings every call: a compiled SwiGLU module's forward + backward at 4096 x 3072 fp32 ran 112 ms
+# on them against eager's 25 (page faults), 26 ms on the pool. Its fake (tracing) impl is
+# registered here once the extension is loaded (`attach_pool`).
 def _empty_output_fake(shape: list, dtype: torch.dtype) -> torch.Tensor:
     _keep_apart()
     return torch.empty(shape, dtype=dtype)
@@ -261,7 +258,7 @@ def _traced_empty(shape: tuple, dtype: torch.dtype, device: torch.device) -> tor
     """The traced allocation of a kernel output: `fusionlens::empty_output` for a CPU output that
     may be large (static shapes decide now, without a guard; symbolic ones at run time), else
     torch.empty, which Inductor allocates itself without a Python call."""
-    if device.type == "cpu":
+    if device.type == "cpu" and _pool_op is not None:  # the op is the extension's (no pool without it)
         small = math.prod(shape) * dtype.itemsize < POOL_MIN_BYTES
         if not torch.fx.experimental.symbolic_shapes.statically_known_true(small):  # decided without a guard
             return torch.ops.fusionlens.empty_output(list(shape), dtype)

@@ -99,3 +99,20 @@ def test_dynamic_shapes_decide_at_run_time() -> None:
         assert _served() - before == (1 if rows >= ROWS else 0), rows
         torch.testing.assert_close(got, torch.nn.functional.gelu(x), rtol=1e-6, atol=1e-6)
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("env", [None, "0", " Off "])
+def test_the_run_time_op_decides_as_eager_allocation_does(monkeypatch, env) -> None:
+    """`fusionlens::empty_output` (C++) serves a large output from the pool and a small one
+    plainly, and reads FUSIONLENS_CPU_POOL per call as `_alloc.empty` does."""
+    if env is not None:
+        monkeypatch.setenv("FUSIONLENS_CPU_POOL", env)
+    op = torch.ops.fusionlens.empty_output.default
+    for rows, pooled in ((ROWS, env is None), (3, False)):
+        before = _served()
+        out = op([rows, HIDDEN], torch.float32)
+        assert out.shape == (rows, HIDDEN) and out.dtype == torch.float32 and out.is_contiguous()
+        assert _served() - before == int(pooled), (rows, env)
+        out.fill_(1.0)  # writable over its whole extent
+        assert float(out.sum()) == rows * HIDDEN
+    assert op([0, HIDDEN], torch.bfloat16).shape == (0, HIDDEN)
