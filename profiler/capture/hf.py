@@ -124,7 +124,8 @@ _SIZE_FIELDS = {
     "dim": ("hidden_size", "d_model", "cross_attention_hidden_size"),  # the last: T5Gemma's encoder width
     "heads": ("num_attention_heads", "num_key_value_heads", "encoder_attention_heads", "decoder_attention_heads",
               "num_heads"),
-    "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input"),  # the last: Gemma 3n/4
+    # Gemma 3n/4's per-layer inputs, BLT's hashed byte n-grams
+    "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input", "encoder_hash_byte_group_vocab"),
 }
 # at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state,
 # embedding widths (SqueezeBERT's must equal the hidden size, MobileBERT's bottleneck must not
@@ -185,6 +186,12 @@ def shrink_config(cfg: Any, s: dict) -> Any:
             _set(cfg, kinds_field, [kinds[i % len(kinds)] for i in range(layers)])
             for field in _SIZE_FIELDS["layers"]:
                 _set(cfg, field, layers)
+    if _get(cfg, "num_kv_shared_layers"):
+        # Gemma 3n: the last layers reuse the KV cache of the last earlier layer of their type; kept
+        # (one sharing layer a type) where every type still has a layer before them, else none
+        kinds = len(set(_get(cfg, "layer_types") or ["any"]))
+        layers = _get(cfg, "num_hidden_layers") or s["layers"]
+        _set(cfg, "num_kv_shared_layers", kinds if layers >= 2 * kinds else 0)
     if _get(cfg, "attn_layer_period") and _has(cfg, "attn_layer_offset"):
         # Jamba: one attention layer every `period` from `offset`, so the shrunk model keeps one:
         # layer 0 Mamba, layer 1 attention (and MoE every second layer from 1, as the full model)
@@ -202,8 +209,9 @@ def shrink_config(cfg: Any, s: dict) -> Any:
         _set(cfg, "use_cache", False)  # transformers' cache needs one attention layer to count tokens
     for field in _WIDTH_FIELDS:
         _set(cfg, field, s["dim"])
-    for field in _FFN_FIELDS:
-        _set(cfg, field, 4 * s["dim"])
+    for field in _FFN_FIELDS:  # per layer where the config lists it per layer (Gemma 3n)
+        per_layer = isinstance(_get(cfg, field), (list, tuple))
+        _set(cfg, field, [4 * s["dim"]] * (_get(cfg, "num_hidden_layers") or s["layers"]) if per_layer else 4 * s["dim"])
     head_dim = s["dim"] // s["heads"]
     for field in ("head_dim", "d_kv", "v_head_dim", "d_head", "index_head_dim"):  # index_*: dots3's indexer
         _set(cfg, field, head_dim)
@@ -230,16 +238,50 @@ def shrink_config(cfg: Any, s: dict) -> Any:
         _set(cfg, "head_dim", cfg.expand * s["dim"] // s["heads"])  # Mamba-2: heads x head_dim = expand x width
     for field in ("max_position_embeddings", "n_positions"):
         _set(cfg, field, s["seq_len"] + 2)
+    if _has(cfg, "d_latents") and _has(cfg, "num_latents"):
+        # Perceiver: the inputs cross-attend into a latent array that self-attends; its masked-LM
+        # decoder queries one position per max_position_embeddings, so that is the sequence itself
+        _set(cfg, "d_latents", s["dim"])
+        _set(cfg, "num_latents", s["seq_len"])
+        _set(cfg, "num_self_attends_per_block", s["layers"])
+        for field in ("num_self_attention_heads", "num_cross_attention_heads"):
+            _set(cfg, field, s["heads"])
+        _set(cfg, "max_position_embeddings", s["seq_len"])
+    languages = _get(cfg, "languages")
+    if _has(cfg, "default_language") and not _get(cfg, "default_language") and languages:
+        _set(cfg, "default_language", languages[0])  # X-MOD routes every layer through a language adapter
+    if _get(cfg, "qk_dim_factor") not in (None, 1, 1.0):
+        _set(cfg, "use_cache", False)  # xLSTM's cache sizes its state by the width, not the q/k dims
+    if isinstance(_get(cfg, "axial_pos_shape"), (list, tuple)):
+        # Reformer's axial positions: the shape's product is the (training) sequence length, the
+        # embedding dims sum to the width; its attention chunks must divide the sequence
+        rows = max(d for d in range(1, int(s["seq_len"] ** 0.5) + 1) if s["seq_len"] % d == 0)
+        _set(cfg, "axial_pos_shape", (rows, s["seq_len"] // rows))
+        _set(cfg, "axial_pos_embds_dim", (s["dim"] // 2, s["dim"] - s["dim"] // 2))
+        for field in ("local_attn_chunk_length", "lsh_attn_chunk_length"):
+            _set(cfg, field, s["seq_len"] // 2)
     if _get(cfg, "rotary_dim"):  # GPT-J, CodeGen: the rotated dims, at most the head dim
         _set(cfg, "rotary_dim", head_dim)
     for name in _get(cfg, "sub_configs") or {}:  # multimodal: the text, vision, audio towers too
         sub = _get(cfg, name)
         if sub is not None and hasattr(sub, "to_dict"):
             shrink_config(sub, s)
+    if _get(cfg, "cross_attn_k") and _get(cfg, "global_config") is not None:
+        # BLT: the global model reads cross_attn_k patch vectors of the byte encoder per position, so
+        # its width is dim x cross_attn_k (as 1024 x 2 = 2048 by default); and no cache, which
+        # counts the top config's layers (BLT has none: its four models have their own)
+        wide = s["dim"] * cfg.cross_attn_k
+        _set(cfg.global_config, "hidden_size", wide)
+        _set(cfg.global_config, "head_dim", wide // s["heads"])
+        for name in ("encoder_config", "decoder_config"):
+            _set(_get(cfg, name), "hidden_size_global", wide)
+        _set(cfg, "use_cache", False)
     for field in _TOKEN_FIELDS:
         value = _get(cfg, field)
         if field in ("decoder_start_token_id", "pad_token_id") and value is None and _get(cfg, "is_encoder_decoder"):
             setattr(cfg, field, 0)  # seq2seq shifts the labels right: it needs both (T5 lacks the field)
+        elif field == "pad_token_id" and value is None and _has(cfg, field):
+            _set(cfg, field, 0)  # ESM numbers positions from the pad token
         elif isinstance(value, int) and not 0 <= value < s["vocab"]:
             _set(cfg, field, 0)
     return cfg
@@ -276,17 +318,16 @@ def _has_attention_layer(cfg: Any) -> bool:
 
 def _auto(tf: Any, model_type: str, s: dict):
     """An LM of any text model_type transformers knows, from its default config shrunk to the preset.
-    A model that cannot be built with one layer (RWKV's weight init divides by layers - 1) gets two."""
+    A model that cannot be built with the preset's layers gets 2, then 4 (RWKV's weight init divides
+    by layers - 1; Zamba ties its shared attention block across hybrid layers, so it needs two)."""
     auto_class = getattr(tf, auto_model_types()[model_type])
-    try:
-        return auto_class.from_config(_shrunk_config(tf, model_type, s)), _lm_inputs(s)
-    except Exception as first:
-        if s["layers"] != 1:
-            raise
+    first: Exception | None = None
+    for layers in [s["layers"]] + [n for n in (2, 4) if n > s["layers"]]:
         try:
-            return auto_class.from_config(_shrunk_config(tf, model_type, {**s, "layers": 2})), _lm_inputs(s)
-        except Exception:
-            raise first from None  # the cause at the preset's own size
+            return auto_class.from_config(_shrunk_config(tf, model_type, {**s, "layers": layers})), _lm_inputs(s)
+        except Exception as exc:  # noqa: BLE001
+            first = first or exc
+    raise first from None  # the cause at the preset's own size
 
 
 def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:
