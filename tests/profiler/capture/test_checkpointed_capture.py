@@ -139,3 +139,22 @@ def test_costs_without_a_module_tracker_still_count(monkeypatch) -> None:
     rows = costs_of(lambda: lin(torch.randn(2, 4)))
     addmm = rows[rows["name"] == "aten::addmm"]
     assert addmm["flops"].tolist() == [2 * 2 * 4 * 3] and rows["module"].isna().all()
+
+
+def test_a_module_run_on_a_tensor_autograd_cannot_hook_is_still_counted() -> None:
+    """A view taken under no_grad of a tensor that requires grad is a leaf that requires grad but
+    has no grad accumulator: torch's ModuleTracker raised on it, and the whole cost pass failed
+    (Reformer's reversible layers run their blocks that way: `hf:reformer` could not be captured).
+    The module is still entered and named; only its backward goes unnamed."""
+    from profiler.capture.flops import costs_of
+
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 8, requires_grad=True)
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            return lin(x[:, :4])
+
+    rows = costs_of(step)
+    addmm = rows[rows["name"] == "aten::addmm"]
+    assert addmm["flops"].tolist() == [2 * 2 * 4 * 3] and addmm["module"].tolist() == ["Linear"]
