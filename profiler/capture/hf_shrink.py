@@ -1,0 +1,308 @@
+"""Shrinking any `transformers` config to a preset's size: the rules behind `hf:MODEL_TYPE`.
+
+A default config (`AutoConfig.for_model`) describes a full-size model. `shrink_config` applies
+`SHRINK_RULES` in order, each a small function for one thing configs share (sizes under their
+per-family names, FFN widths, head dims, experts, positions, token ids) or one family's own
+constraint (Reformer's axial positions, BLT's global width, Perceiver's latents, ...). A rule
+touches only fields the config has, so every rule runs on every config; sub-configs of multimodal
+and composite models are shrunk by the same rules. `benchmarks/hf_sweep.py` measures the outcome
+over every text LM type (docs/capture.md has the last sweep).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# Config fields set to a preset value where the config has them: preset key -> field spellings.
+SIZE_FIELDS = {
+    "layers": ("num_hidden_layers", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers"),
+    "dim": ("hidden_size", "d_model", "cross_attention_hidden_size"),  # the last: T5Gemma's encoder width
+    "heads": ("num_attention_heads", "num_key_value_heads", "encoder_attention_heads", "decoder_attention_heads",
+              "num_heads"),
+    # Gemma 3n/4's per-layer inputs, BLT's hashed byte n-grams
+    "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input", "encoder_hash_byte_group_vocab"),
+}
+# at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state,
+# embedding widths (SqueezeBERT's must equal the hidden size, MobileBERT's bottleneck must not
+# exceed it, xLSTM's is its width)
+WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width", "embedding_size", "intra_bottleneck_size",
+                "embedding_dim")
+FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
+              "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner",
+              "expert_ffn_hidden_size")
+# MoE: 4 experts (LongCat's identity "zero experts" too), top-2, one group
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "zero_expert_num")
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+RECURRENT_KINDS = ("linear_attention", "mamba", "recurrent", "mamba2", "ssm")
+
+Rule = Callable[[Any, dict], None]
+SHRINK_RULES: list[Rule] = []
+
+
+def shrink_rule(fn: Rule) -> Rule:
+    """Decorator: append `fn(cfg, preset)` to the rules, which run in the order they are defined."""
+    SHRINK_RULES.append(fn)
+    return fn
+
+
+def shrink_config(cfg: Any, s: dict) -> Any:
+    """`cfg` at the preset's size `s` (layers, dim, heads, vocab, seq_len), shrunk in place by every
+    rule and returned. Works on any object with those attributes (a per-layer override too)."""
+    for rule in SHRINK_RULES:
+        rule(cfg, s)
+    return cfg
+
+
+def get(cfg: Any, field: str) -> Any:
+    """cfg.field, or None where it is missing or refuses to be read (transformers raises its own
+    errors for a per-layer attribute read globally, and properties may compute from other fields)."""
+    try:
+        return getattr(cfg, field, None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def has(cfg: Any, field: str) -> bool:
+    """The config has `field` (a per-layer attribute counts, though it cannot be read globally)."""
+    try:
+        return hasattr(cfg, field)
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def put(cfg: Any, field: str, value: Any) -> None:
+    """cfg.field = value where the config has that field and lets it be set (some are properties,
+    some per-layer attributes that transformers refuses to set globally: left as they are)."""
+    if has(cfg, field):
+        try:
+            setattr(cfg, field, value)
+        except Exception:  # noqa: BLE001  (AttributeError, TypeError, transformers' per-layer errors)
+            pass
+
+
+@shrink_rule
+def _sizes(cfg: Any, s: dict) -> None:
+    """Layers, width, heads (KV heads too) and vocabulary, under every family's spelling."""
+    for key, fields in SIZE_FIELDS.items():
+        for field in fields:
+            put(cfg, field, s[key])
+
+
+@shrink_rule
+def _every_layer_kind(cfg: Any, s: dict) -> None:
+    """Hybrids (linear + full attention, sliding + global; RecurrentGemma's repeating block_types):
+    every layer type at least once, in the order the full model first uses them; the layer count
+    grows to that when the preset's is less."""
+    for kinds_field in ("layer_types", "block_types"):
+        types = get(cfg, kinds_field)
+        if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
+            kinds = list(dict.fromkeys(types))
+            layers = max(s["layers"], len(kinds))
+            put(cfg, kinds_field, [kinds[i % len(kinds)] for i in range(layers)])
+            for field in SIZE_FIELDS["layers"]:
+                put(cfg, field, layers)
+
+
+@shrink_rule
+def _kv_sharing(cfg: Any, s: dict) -> None:
+    """Gemma 3n: the last layers reuse the KV cache of the last earlier layer of their type; kept
+    (one sharing layer a type) where every type still has a layer before them, else none."""
+    if get(cfg, "num_kv_shared_layers"):
+        kinds = len(set(get(cfg, "layer_types") or ["any"]))
+        layers = get(cfg, "num_hidden_layers") or s["layers"]
+        put(cfg, "num_kv_shared_layers", kinds if layers >= 2 * kinds else 0)
+
+
+@shrink_rule
+def _attention_period(cfg: Any, s: dict) -> None:
+    """Jamba: one attention layer every `period` from `offset`, so the shrunk model keeps one:
+    layer 0 Mamba, layer 1 attention (and MoE every second layer from 1, as the full model)."""
+    if get(cfg, "attn_layer_period") and has(cfg, "attn_layer_offset"):
+        for field in SIZE_FIELDS["layers"]:
+            put(cfg, field, max(s["layers"], 2))
+        put(cfg, "attn_layer_period", 2)
+        put(cfg, "attn_layer_offset", 1)
+
+
+@shrink_rule
+def _hybrid_mamba2_heads(cfg: Any, s: dict) -> None:
+    """Bamba, GraniteMoeHybrid: Mamba-2 heads x head dim = expand x width (Falcon-H1 names that
+    product `mamba_d_ssm` too)."""
+    if get(cfg, "mamba_n_heads") and get(cfg, "mamba_expand"):
+        put(cfg, "mamba_n_heads", s["heads"])
+        put(cfg, "mamba_d_head", cfg.mamba_expand * s["dim"] // s["heads"])
+        if get(cfg, "mamba_d_ssm"):
+            put(cfg, "mamba_d_ssm", cfg.mamba_n_heads * cfg.mamba_d_head)
+
+
+@shrink_rule
+def _no_cache_without_attention(cfg: Any, s: dict) -> None:
+    """transformers' cache needs one attention layer to count tokens: none where all are recurrent."""
+    if not has_attention_layer(cfg):
+        put(cfg, "use_cache", False)
+
+
+@shrink_rule
+def _widths(cfg: Any, s: dict) -> None:
+    """Embedding and recurrent-state widths at the width; FFNs 4x the width (per layer where the
+    config lists them per layer, as Gemma 3n)."""
+    for field in WIDTH_FIELDS:
+        put(cfg, field, s["dim"])
+    for field in FFN_FIELDS:
+        per_layer = isinstance(get(cfg, field), (list, tuple))
+        put(cfg, field, [4 * s["dim"]] * (get(cfg, "num_hidden_layers") or s["layers"]) if per_layer else 4 * s["dim"])
+
+
+@shrink_rule
+def _head_dims(cfg: Any, s: dict) -> None:
+    """Head dim = width / heads (dots3's indexer too); multi-head latent attention (DeepSeek) splits
+    it into rope and nope halves, with LoRA ranks at half the width. A latent-attention config whose
+    RoPE rotates only part of the head (dots3) gets the head dim that keeps the rotated dims equal
+    to its rope head dim."""
+    head_dim = s["dim"] // s["heads"]
+    for field in ("head_dim", "d_kv", "v_head_dim", "d_head", "index_head_dim"):
+        put(cfg, field, head_dim)
+    put(cfg, "index_n_heads", s["heads"])
+    if has(cfg, "qk_rope_head_dim"):
+        for field in ("qk_rope_head_dim", "qk_nope_head_dim", "head_dim"):
+            put(cfg, field, head_dim // 2)
+        factor = partial_rotary_factor(cfg)
+        if factor < 1.0:
+            put(cfg, "head_dim", int(round(head_dim // 2 / factor)))
+    for field in ("q_lora_rank", "kv_lora_rank"):
+        if get(cfg, field):
+            put(cfg, field, s["dim"] // 2)
+
+
+@shrink_rule
+def _experts(cfg: Any, s: dict) -> None:
+    """Mixture of experts: 4 experts, top-2, one group."""
+    moe = False
+    for field in EXPERT_FIELDS:
+        if get(cfg, field):
+            put(cfg, field, 4)
+            moe = True
+    if get(cfg, "num_experts_per_tok") or (moe and has(cfg, "num_experts_per_tok")):
+        put(cfg, "num_experts_per_tok", min(cfg.num_experts_per_tok or 2, 2))  # DeepSeek-V2's default is None
+    for field in ("n_group", "topk_group", "n_groups"):
+        put(cfg, field, 1)
+
+
+@shrink_rule
+def _mamba2_heads(cfg: Any, s: dict) -> None:
+    """Mamba-2: heads x head_dim = expand x width."""
+    if isinstance(get(cfg, "expand"), int) and has(cfg, "num_heads") and has(cfg, "head_dim"):
+        put(cfg, "head_dim", cfg.expand * s["dim"] // s["heads"])
+
+
+@shrink_rule
+def _positions(cfg: Any, s: dict) -> None:
+    """Positions for the sequence + 2 (encoders that offset positions by the pad index); GPT-J's and
+    CodeGen's rotated dims at most the head dim."""
+    for field in ("max_position_embeddings", "n_positions"):
+        put(cfg, field, s["seq_len"] + 2)
+    if get(cfg, "rotary_dim"):
+        put(cfg, "rotary_dim", s["dim"] // s["heads"])
+
+
+@shrink_rule
+def _perceiver_latents(cfg: Any, s: dict) -> None:
+    """Perceiver: the inputs cross-attend into a latent array that self-attends; its masked-LM
+    decoder queries one position per max_position_embeddings, so that is the sequence itself."""
+    if has(cfg, "d_latents") and has(cfg, "num_latents"):
+        put(cfg, "d_latents", s["dim"])
+        put(cfg, "num_latents", s["seq_len"])
+        put(cfg, "num_self_attends_per_block", s["layers"])
+        for field in ("num_self_attention_heads", "num_cross_attention_heads"):
+            put(cfg, field, s["heads"])
+        put(cfg, "max_position_embeddings", s["seq_len"])
+
+
+@shrink_rule
+def _reformer_axial_positions(cfg: Any, s: dict) -> None:
+    """Reformer's axial positions: the shape's product is the (training) sequence length, the
+    embedding dims sum to the width; its attention chunks must divide the sequence."""
+    if isinstance(get(cfg, "axial_pos_shape"), (list, tuple)):
+        rows = max(d for d in range(1, int(s["seq_len"] ** 0.5) + 1) if s["seq_len"] % d == 0)
+        put(cfg, "axial_pos_shape", (rows, s["seq_len"] // rows))
+        put(cfg, "axial_pos_embds_dim", (s["dim"] // 2, s["dim"] - s["dim"] // 2))
+        for field in ("local_attn_chunk_length", "lsh_attn_chunk_length"):
+            put(cfg, field, s["seq_len"] // 2)
+
+
+@shrink_rule
+def _default_language(cfg: Any, s: dict) -> None:
+    """X-MOD routes every layer through a language adapter: the first language when none is set."""
+    languages = get(cfg, "languages")
+    if has(cfg, "default_language") and not get(cfg, "default_language") and languages:
+        put(cfg, "default_language", languages[0])
+
+
+@shrink_rule
+def _xlstm_cache(cfg: Any, s: dict) -> None:
+    """xLSTM's cache sizes its state by the width, not the q/k dims: no cache when they differ."""
+    if get(cfg, "qk_dim_factor") not in (None, 1, 1.0):
+        put(cfg, "use_cache", False)
+
+
+@shrink_rule
+def _sub_configs(cfg: Any, s: dict) -> None:
+    """Multimodal and composite models: the text, vision, audio, encoder and decoder towers too."""
+    for name in get(cfg, "sub_configs") or {}:
+        sub = get(cfg, name)
+        if sub is not None and hasattr(sub, "to_dict"):
+            shrink_config(sub, s)
+
+
+@shrink_rule
+def _blt_global_width(cfg: Any, s: dict) -> None:
+    """BLT: the global model reads cross_attn_k patch vectors of the byte encoder per position, so
+    its width is dim x cross_attn_k (as 1024 x 2 = 2048 by default); and no cache, which counts the
+    top config's layers (BLT has none: its four models have their own). After the sub-configs."""
+    if get(cfg, "cross_attn_k") and get(cfg, "global_config") is not None:
+        wide = s["dim"] * cfg.cross_attn_k
+        put(cfg.global_config, "hidden_size", wide)
+        put(cfg.global_config, "head_dim", wide // s["heads"])
+        for name in ("encoder_config", "decoder_config"):
+            put(get(cfg, name), "hidden_size_global", wide)
+        put(cfg, "use_cache", False)
+
+
+@shrink_rule
+def _token_ids(cfg: Any, s: dict) -> None:
+    """Token ids inside the vocabulary; seq2seq gets pad and decoder-start 0 (it shifts the labels
+    right: it needs both; T5 lacks the field), and any config a pad token 0 where it has none (ESM
+    numbers positions from it)."""
+    for field in TOKEN_FIELDS:
+        value = get(cfg, field)
+        if field in ("decoder_start_token_id", "pad_token_id") and value is None and get(cfg, "is_encoder_decoder"):
+            setattr(cfg, field, 0)
+        elif field == "pad_token_id" and value is None and has(cfg, field):
+            put(cfg, field, 0)
+        elif isinstance(value, int) and not 0 <= value < s["vocab"]:
+            put(cfg, field, 0)
+
+
+def partial_rotary_factor(cfg: Any) -> float:
+    """The rotated fraction of the head dim from `rope_parameters` (per layer type or flat), 1.0
+    when none is given."""
+    params = get(cfg, "rope_parameters")
+    if not isinstance(params, dict):
+        return 1.0
+    nested = [v for v in params.values() if isinstance(v, dict)]
+    for p in nested or [params]:
+        factor = p.get("partial_rotary_factor")
+        if isinstance(factor, (int, float)) and 0 < factor:
+            return float(factor)
+    return 1.0
+
+
+def has_attention_layer(cfg: Any) -> bool:
+    """False for a hybrid config whose layers (as shrunk) are all recurrent (Mamba, linear
+    attention): Bamba without `attn_layer_indices`, GraniteMoeHybrid's default layer types."""
+    if has(cfg, "attn_layer_indices") and not get(cfg, "attn_layer_indices"):
+        return False
+    for field in ("layer_types", "layers_block_type", "block_types"):
+        kinds = get(cfg, field)
+        if isinstance(kinds, (list, tuple)) and kinds and all(isinstance(k, str) for k in kinds):
+            return any(k not in RECURRENT_KINDS for k in kinds)
+    return True
