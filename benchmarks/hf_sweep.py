@@ -2,18 +2,25 @@
 
 Not a timed benchmark: a compatibility sweep behind the count in docs/capture.md. Each type is
 built with `profiler.capture.hf.build_hf` (its default config shrunk to the preset), then one
-forward with labels and one backward run; a type gets --timeout-s seconds (SIGALRM). Rows
-(model_type, head, status, parameters, seconds, error) go to benchmarks/results/hf_sweep.csv,
-replacing the file, with transformers' version and the date in every row.
+forward with labels and one backward run; a type gets --timeout-s seconds (SIGALRM). With
+--capture, each type that trains is also captured as a user would (`python -m profiler capture
+hf:TYPE --size SIZE --mode train --steps 1 --ceilings quick`, in this process) and the row keeps
+the share of its recorded ops the join matched to profiled ones. Rows (model_type, head, status,
+parameters, seconds, error, captured, joined) go to benchmarks/results/hf_sweep.csv, replacing the
+file, with transformers' version and the date in every row.
 
-    .venv/bin/python benchmarks/hf_sweep.py [--size tiny] [--timeout-s 20] [TYPE ...]
+    .venv/bin/python benchmarks/hf_sweep.py [--size tiny] [--timeout-s 20] [--capture] [TYPE ...]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import io
+import json
 import signal
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -51,11 +58,38 @@ def sweep_one(model_type: str, size: str, timeout_s: int) -> dict:
     return row
 
 
+def capture_one(model_type: str, size: str, timeout_s: int) -> dict:
+    """Capture hf:TYPE through the CLI, in this process: {"captured": "ok" or the error line,
+    "joined": the join's match rate}."""
+    from profiler.cli import main as cli
+
+    row = {"captured": "ok", "joined": ""}
+    with tempfile.TemporaryDirectory(prefix="fl_hf_capture_") as out:
+        said = io.StringIO()
+        signal.alarm(timeout_s)
+        try:
+            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+                rc = cli(["capture", f"hf:{model_type}", "--size", size, "--mode", "train", "--steps", "1",
+                          "--ceilings", "quick", "--out", out])
+            if rc != 0:
+                errors = [line for line in said.getvalue().splitlines() if line.startswith("error")]
+                row["captured"] = (errors or [f"exit status {rc}"])[0][:200]
+            else:
+                summary = json.loads((Path(out) / "summary.json").read_text())
+                row["joined"] = round(summary["capture"]["join"]["match_rate"], 4)
+        except _TimedOut:
+            row["captured"] = f"over {timeout_s} s"
+        finally:
+            signal.alarm(0)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("types", nargs="*", help="model types (default: all text LM types transformers knows)")
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--timeout-s", type=int, default=20)
+    ap.add_argument("--capture", action="store_true", help="also capture each type that trains")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf_sweep.csv"))
     args = ap.parse_args(argv)
     import transformers
@@ -67,15 +101,24 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y-%m-%d", time.gmtime())
     rows = []
     for t in types:
-        row = {"date": stamp, "transformers": transformers.__version__, "size": args.size, **sweep_one(t, args.size, args.timeout_s)}
+        row = {"date": stamp, "transformers": transformers.__version__, "size": args.size,
+               **sweep_one(t, args.size, args.timeout_s), "captured": "", "joined": ""}
+        if args.capture and row["status"] == "ok":
+            row.update(capture_one(t, args.size, 3 * args.timeout_s))
         rows.append(row)
-        print(f"{t:32s} {row['status']:8s} {row['parameters']!s:>11s} {row['seconds']:6.2f}s {row['error'][:90]}", flush=True)
+        print(f"{t:32s} {row['status']:8s} {row['parameters']!s:>11s} {row['seconds']:6.2f}s {row['error'][:90]}"
+              f"{'' if not args.capture else ' capture ' + str(row['captured'])[:60] + ' joined ' + str(row['joined'])}",
+              flush=True)
     with open(args.out, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"{ok} of {len(rows)} build and train at {args.size} (transformers {transformers.__version__}) -> {args.out}")
+    if args.capture:
+        joined = [r["joined"] for r in rows if r["captured"] == "ok"]
+        print(f"{len(joined)} of {ok} capture; ops joined: min {min(joined, default=0):.3f}, "
+              f"{sum(j >= 0.97 for j in joined)} at 97% or more")
     return 0
 
 

@@ -81,10 +81,26 @@ def put(cfg: Any, field: str, value: Any) -> None:
 
 @shrink_rule
 def _sizes(cfg: Any, s: dict) -> None:
-    """Layers, width, heads (KV heads too) and vocabulary, under every family's spelling."""
+    """Layers, width, heads and vocabulary, under every family's spelling; grouped KV heads keep
+    the full model's grouping (64 query heads over 4 KV heads -> 1 KV head at 2 or 4 heads), so the
+    shrunk model runs the same KV repeat (and MiMo's sliding layers, which double the KV heads,
+    still have at most as many as query heads)."""
+    kv_heads = grouped_kv_heads(get(cfg, "num_attention_heads"), get(cfg, "num_key_value_heads"), s["heads"])
     for key, fields in SIZE_FIELDS.items():
         for field in fields:
             put(cfg, field, s[key])
+    if kv_heads:
+        put(cfg, "num_key_value_heads", kv_heads)
+
+
+def grouped_kv_heads(heads: Any, kv_heads: Any, preset_heads: int) -> int | None:
+    """KV heads for `preset_heads` query heads at the ratio of the full model's `heads` over its
+    `kv_heads` (the largest divisor of preset_heads at or under it, at least 1); None where the full
+    model is not grouped (or the counts are not plain ints)."""
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and 0 < kv_heads < heads):
+        return None
+    target = max(preset_heads * kv_heads // heads, 1)
+    return max(d for d in range(1, target + 1) if preset_heads % d == 0)
 
 
 @shrink_rule
@@ -242,6 +258,16 @@ def _xlstm_cache(cfg: Any, s: dict) -> None:
     """xLSTM's cache sizes its state by the width, not the q/k dims: no cache when they differ."""
     if get(cfg, "qk_dim_factor") not in (None, 1, 1.0):
         put(cfg, "use_cache", False)
+
+
+@shrink_rule
+def _no_layer_drop(cfg: Any, s: dict) -> None:
+    """Every layer runs every step: LayerDrop (M2M100, NLLB-MoE, SeamlessM4T) skipped random layers
+    in training, so the profiled steps ran other ops than the FLOPs pass, and half of them went
+    unjoined (M2M100 at "small": 50-71% of ops joined)."""
+    for field in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "speech_encoder_layerdrop"):
+        if get(cfg, field):
+            put(cfg, field, 0.0)
 
 
 @shrink_rule

@@ -81,6 +81,11 @@ OWN_SHAPES = {
     "gemma3n_text": ("Gemma3nForCausalLM",  # FFN width per layer; KV sharing needs layers to share from
                      lambda c: c.intermediate_size == [128, 128] and c.num_kv_shared_layers == 0),
     "xmod": ("XmodForMaskedLM", lambda c: c.default_language == "en_XX"),  # a language adapter per layer
+    # grouped KV heads keep their grouping (64 over 4: 1 KV head); its sliding layers double them
+    "mimo_v2_flash": ("MiMoV2FlashForCausalLM", lambda c: (c.num_attention_heads, c.num_key_value_heads) == (2, 1)),
+    "mistral": ("MistralForCausalLM", lambda c: c.num_key_value_heads == 1),  # 32 over 8
+    # no LayerDrop: the profiled steps run the ops the FLOPs pass counted
+    "m2m_100": ("M2M100ForConditionalGeneration", lambda c: c.encoder_layerdrop == c.decoder_layerdrop == 0),
 }
 
 
@@ -113,6 +118,14 @@ def test_a_model_that_cannot_have_the_presets_layers_gets_more(name, cls, layers
     loss = loss_of(lm.call())
     assert math.isfinite(loss.item())
     loss.backward()
+
+
+def test_grouped_kv_heads_keep_the_full_models_grouping():
+    from profiler.capture.hf_shrink import grouped_kv_heads
+
+    assert grouped_kv_heads(64, 4, 2) == 1 and grouped_kv_heads(32, 8, 4) == 1 and grouped_kv_heads(8, 4, 4) == 2
+    assert grouped_kv_heads(12, 4, 6) == 2 and grouped_kv_heads(40, 16, 6) == 2  # a divisor of the heads
+    assert grouped_kv_heads(12, 12, 4) is None and grouped_kv_heads(None, 4, 4) is None  # not grouped
 
 
 def test_settings_override_the_preset():
