@@ -18,14 +18,15 @@ SIZE_FIELDS = {
     "dim": ("hidden_size", "d_model", "cross_attention_hidden_size"),  # the last: T5Gemma's encoder width
     "heads": ("num_attention_heads", "num_key_value_heads", "encoder_attention_heads", "decoder_attention_heads",
               "num_heads"),
-    # Gemma 3n/4's per-layer inputs, BLT's hashed byte n-grams
-    "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input", "encoder_hash_byte_group_vocab"),
+    # Gemma 3n/4's per-layer inputs, BLT's hashed byte n-grams, LUKE's entities, RoCBert's glyphs and sounds
+    "vocab": ("vocab_size", "decoder_vocab_size", "vocab_size_per_layer_input", "encoder_hash_byte_group_vocab",
+              "entity_vocab_size", "pronunciation_vocab_size", "shape_vocab_size"),
 }
 # at the width: Gemma 3n/4's per-layer input embeddings, RecurrentGemma's recurrent (LRU) state,
 # embedding widths (SqueezeBERT's must equal the hidden size, MobileBERT's bottleneck must not
-# exceed it, xLSTM's is its width)
+# exceed it, xLSTM's is its width; LUKE's entity and RoCBert's glyph and sound embeddings)
 WIDTH_FIELDS = ("hidden_size_per_layer_input", "lru_width", "embedding_size", "intra_bottleneck_size",
-                "embedding_dim")
+                "embedding_dim", "entity_emb_size", "pronunciation_embed_dim", "shape_embed_dim")
 FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner",
               "expert_ffn_hidden_size")
