@@ -262,6 +262,20 @@ def _xlstm_cache(cfg: Any, s: dict) -> None:
 
 
 @shrink_rule
+def _conv_stages(cfg: Any, s: dict) -> None:
+    """Convolutional towers (VibeVoice's audio tokenizers, ConvNeXt-like vision stages): one block a
+    stage, and a base channel count that doubles per downsampling stage up to about the width
+    (VibeVoice's 32 filters doubled 6 times made 2048-channel convolutions: 687 M parameters at
+    "tiny")."""
+    depths = get(cfg, "depths")
+    if isinstance(depths, (list, tuple)) and depths and all(isinstance(d, int) for d in depths):
+        put(cfg, "depths", [1] * len(depths))
+    ratios = get(cfg, "downsampling_ratios")
+    if isinstance(get(cfg, "num_filters"), int) and isinstance(ratios, (list, tuple)):
+        put(cfg, "num_filters", max(s["dim"] >> len(ratios), 1))
+
+
+@shrink_rule
 def _no_layer_drop(cfg: Any, s: dict) -> None:
     """Every layer runs every step: LayerDrop (M2M100, NLLB-MoE, SeamlessM4T) skipped random layers
     in training, so the profiled steps ran other ops than the FLOPs pass, and half of them went

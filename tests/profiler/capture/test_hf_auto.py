@@ -120,6 +120,17 @@ def test_a_model_that_cannot_have_the_presets_layers_gets_more(name, cls, layers
     loss.backward()
 
 
+def test_convolutional_towers_shrink_too():
+    """VibeVoice-ASR's audio tokenizers: 32 filters doubled over 6 stages, 3-8 blocks a stage made
+    687 M parameters at "tiny"; one block a stage from a base that doubles up to about the width."""
+    lm = load_spec("hf:vibevoice_asr", size="tiny")
+    tok = lm.model.config.acoustic_tokenizer_encoder_config
+    assert set(tok.depths) == {1} and tok.num_filters == 1
+    assert sum(p.numel() for p in lm.model.parameters()) < 1_000_000
+    loss = loss_of(lm.call())
+    assert math.isfinite(loss.item())
+
+
 def test_grouped_kv_heads_keep_the_full_models_grouping():
     from profiler.capture.hf_shrink import grouped_kv_heads
 
