@@ -276,9 +276,10 @@ def _module_tracker() -> Any:
 
             return fn
 
-        # A tensor autograd cannot hook (Reformer's reversible layers recompute their forward in
-        # the backward, on tensors with no grad_fn) made torch's hooks raise and the whole cost
-        # pass fail; the module is still entered and left, only its backward goes unnamed.
+        # A tensor autograd cannot hook (a view taken under no_grad of a tensor that requires grad:
+        # Reformer's reversible layers run their blocks inside an autograd Function's forward) made
+        # torch's hooks raise and the whole cost pass fail; the module is still entered and left,
+        # only its backward goes unnamed.
         def _fw_pre_hook(self, mod, input) -> None:
             try:
                 super()._fw_pre_hook(mod, input)

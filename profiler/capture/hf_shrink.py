@@ -141,6 +141,17 @@ def _attention_period(cfg: Any, s: dict) -> None:
 
 
 @shrink_rule
+def _recurrent_stacks(cfg: Any, s: dict) -> None:
+    """HRM: a stack of `num_layers_per_stack` layers runs H_cycles x (L_cycles + 1) times, one cache
+    slot a layer and run, so num_hidden_layers is that product (16 x 2 x 4 = 128 by default): the
+    preset's layers make the stack, the cycles stay."""
+    h, low = get(cfg, "H_cycles"), get(cfg, "L_cycles")
+    if isinstance(get(cfg, "num_layers_per_stack"), int) and isinstance(h, int) and isinstance(low, int):
+        put(cfg, "num_layers_per_stack", s["layers"])
+        put(cfg, "num_hidden_layers", s["layers"] * h * (low + 1))
+
+
+@shrink_rule
 def _hybrid_mamba2_heads(cfg: Any, s: dict) -> None:
     """Bamba, GraniteMoeHybrid: Mamba-2 heads x head dim = expand x width (Falcon-H1 names that
     product `mamba_d_ssm` too)."""

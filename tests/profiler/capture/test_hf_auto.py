@@ -84,6 +84,8 @@ OWN_SHAPES = {
     # grouped KV heads keep their grouping (64 over 4: 1 KV head); its sliding layers double them
     "mimo_v2_flash": ("MiMoV2FlashForCausalLM", lambda c: (c.num_attention_heads, c.num_key_value_heads) == (2, 1)),
     "mistral": ("MistralForCausalLM", lambda c: c.num_key_value_heads == 1),  # 32 over 8
+    # a stack run H x (L + 1) times, a cache slot a layer and run: 1 layer x 2 x (3 + 1) slots
+    "hrm_text": ("HrmTextForCausalLM", lambda c: (c.num_layers_per_stack, c.num_hidden_layers) == (1, 8)),
     # no LayerDrop: the profiled steps run the ops the FLOPs pass counted
     "m2m_100": ("M2M100ForConditionalGeneration", lambda c: c.encoder_layerdrop == c.decoder_layerdrop == 0),
 }
