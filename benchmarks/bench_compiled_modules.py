@@ -83,10 +83,9 @@ def main() -> None:
         notes = f"threads={opts.threads}; fwd+bwd; compile_s ours={compile_s['ours_compiled']:.1f} " \
                 f"torch={compile_s['torch_compiled']:.1f}"
         rows += timing_rows("compiled_modules", f"{name}:{shape}", timing, notes=notes)
-        med = {k: percentiles(v)[1] * 1e3 for k, v in timing.cpu_s.items()}
-        p20 = {k: percentiles(v)[0] * 1e3 for k, v in timing.cpu_s.items()}
-        p80 = {k: percentiles(v)[2] * 1e3 for k, v in timing.cpu_s.items()}
-        cell = {k: f"{med[k]:.2f} ({p20[k]:.2f}-{p80[k]:.2f})" for k in med}
+        ms = {k: [q * 1e3 for q in percentiles(v)] for k, v in timing.cpu_s.items()}  # p20, p50, p80
+        med = {k: q[1] for k, q in ms.items()}
+        cell = {k: f"{p50:.2f} ({p20:.2f}-{p80:.2f})" for k, (p20, p50, p80) in ms.items()}
         table.append([name, shape, cell["ours"], cell["ours_compiled"], cell["torch"], cell["torch_compiled"],
                       f"{med['ours_compiled'] / med['ours']:.2f}",
                       f"{med['torch_compiled'] / med['ours_compiled']:.2f}"])

@@ -152,22 +152,20 @@ class DecisionStore:
             section["decisions"][key] = record
             self._write(path, doc)
 
-    def _write(self, path: Path, doc: dict[str, Any]) -> bool:
-        """Replace the file with `doc` atomically; False (warned once) when it cannot be written."""
+    def _write(self, path: Path, doc: dict[str, Any]) -> None:
+        """Replace the file with `doc` atomically; warns once when it cannot be written."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".provider_choice.",
                                              suffix=".tmp", delete=False) as tmp:
                 json.dump(doc, tmp, indent=1, sort_keys=True)
             os.replace(tmp.name, path)
-            return True
         except OSError as exc:
             self._warn(path, f"could not write the decisions file: {exc}")
             try:
                 os.unlink(tmp.name)
             except (OSError, NameError):
                 pass
-            return False
 
     def stored(self, device: torch.device) -> dict[str, dict]:
         """Every decision this machine and build has for `device` type: {call key: record}."""
