@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 import pandas as pd
 
 from profiler.capture.backends import CaptureError, CapturePlan
+from profiler.capture.spec import setting_value
 from profiler.errors import FusionLensError
 from profiler.present.units import si
 
@@ -108,7 +109,7 @@ def usable(options: Mapping[str, Optional[str]], first: str = "kineto") -> list[
 
 
 def parse_settings(text: str) -> dict[str, Any]:
-    """'layers=2, dim=64' -> {'layers': 2, 'dim': 64} (int, float or str values)."""
+    """'layers=2, dim=64' -> {'layers': 2, 'dim': 64} (int, float, bool or str values)."""
     out: dict[str, Any] = {}
     for item in (part.strip() for part in text.replace("\n", ",").split(",")):
         if not item:
@@ -116,15 +117,7 @@ def parse_settings(text: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip().isidentifier() or not value.strip():
             raise ProfileInputError(f"settings: expected KEY=VALUE, got {item!r}")
-        value = value.strip()
-        for cast in (int, float):
-            try:
-                out[key.strip()] = cast(value)
-                break
-            except ValueError:
-                continue
-        else:
-            out[key.strip()] = value
+        out[key.strip()] = setting_value(value)
     return out
 
 

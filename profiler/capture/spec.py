@@ -33,6 +33,20 @@ class SpecError(FusionLensError):
     """A model spec that cannot be used: one line naming the spec and the cause."""
 
 
+def setting_value(text: str) -> Any:
+    """A zoo/hf setting typed in as text (`--set`, the Profile page): '4' -> 4, '0.5' -> 0.5,
+    'true'/'false' -> bool, anything else stays text (the config then checks its own fields)."""
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A resolved spec: the model, its inputs, and how it was made (kind: zoo, hf, file, module)."""

@@ -47,23 +47,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def _value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_settings(items: list[str]) -> dict[str, Any]:
-    """--set KEY=VALUE items -> {key: int | float | str}."""
+    """--set KEY=VALUE items -> {key: int | float | bool | str}."""
+    from profiler.capture.spec import setting_value
+
     out = {}
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or not key.strip().isidentifier():
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = _value(val.strip())
+        out[key.strip()] = setting_value(val)
     return out
 
 

@@ -245,7 +245,8 @@ def test_choice_helpers():
 
 # ---------------------------------------------------------------- pure helpers
 def test_parse_settings():
-    assert pv.parse_settings("layers=2, dim=64\nname=x, lr=0.5") == {"layers": 2, "dim": 64, "name": "x", "lr": 0.5}
+    assert pv.parse_settings("layers=2, dim=64\nname=x, lr=0.5, tie=false") == \
+        {"layers": 2, "dim": 64, "name": "x", "lr": 0.5, "tie": False}
     assert pv.parse_settings(" ") == {}
     for bad in ("layers", "=3", "2x=1", "a="):
         with pytest.raises(pv.ProfileInputError, match="KEY=VALUE"):

@@ -28,6 +28,24 @@ class ZooEntry:
 
 ZOO: dict[str, ZooEntry] = {}
 
+# A config field's annotation (a string under `from __future__ import annotations`) -> what a value
+# for it must be and how the check names it, so `--set layers=abc` or `layers=2.5` fails naming
+# the setting instead of inside the builder.
+_FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool) or v in (0, 1), "true/false (or 1/0)"),
+    "str": (lambda v: isinstance(v, str), "text"),
+}
+
+
+def _check_types(name: str, config_cls: type, values: Mapping[str, Any]) -> None:
+    for f in dataclasses.fields(config_cls):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        check = _FIELD_TYPES.get(kind)
+        if check and f.name in values and not check[0](values[f.name]):
+            raise ZooError(f"zoo model {name!r}: setting {f.name} must be {check[1]}, got {values[f.name]!r}")
+
 
 def register_zoo(name: str, config_cls: type, presets: Mapping[str, Mapping[str, Any]]):
     """Decorator: register `build(config) -> (model, inputs)` as zoo model `name`."""
@@ -61,6 +79,7 @@ def zoo_config(name: str, size: str = "small", **overrides: Any) -> Any:
     if unknown:
         raise ZooError(f"zoo model {name!r} has no setting {', '.join(unknown)} (settings: {', '.join(sorted(fields))})")
     values = {**entry.presets[size], **{k: v for k, v in overrides.items() if v is not None}}
+    _check_types(name, entry.config_cls, values)
     try:
         return entry.config_cls(**values)
     except (TypeError, ValueError) as exc:

@@ -7,7 +7,7 @@ import torch
 from profiler.capture import hf
 from profiler.capture.backends import CaptureError, CapturePlan
 from profiler.capture.runner import capture, loss_of, prepare
-from profiler.capture.spec import SpecError, load_spec
+from profiler.capture.spec import SpecError, load_spec, setting_value
 from profiler.errors import FusionLensError
 
 
@@ -137,6 +137,19 @@ def test_unknown_zoo_and_settings():
     one_line_error("gpt2", "no size", size="enormous")
     one_line_error("cnn", "no setting patch", overrides={"patch": 2})  # a ViT setting: the CNN has no patches
     assert load_spec("vit", size="tiny", overrides={"patch": 2}).model.embed.kernel_size == (2, 2)
+
+
+def test_zoo_setting_of_the_wrong_type_names_the_setting():
+    """`--set layers=abc` / `layers=2.5` used to fail inside the builder ("'float' object cannot be
+    interpreted as an integer"); the config's field types are checked first."""
+    one_line_error("gpt2", "setting layers must be an integer, got 'abc'", overrides={"layers": "abc"})
+    one_line_error("gpt2", "setting layers must be an integer, got 2.5", overrides={"layers": 2.5})
+    one_line_error("mlp", "setting hidden must be an integer, got True", overrides={"hidden": True})
+
+
+def test_setting_values_typed_from_text():
+    assert [setting_value(t) for t in ("4", " 0.5", "1e-3", "True", "false", "sdpa", "-2")] == \
+        [4, 0.5, 1e-3, True, False, "sdpa", -2]
 
 
 def test_cuda_requested_without_gpu_is_refused():
