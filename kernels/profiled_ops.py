@@ -141,14 +141,41 @@ def entry(name: str) -> Callable[..., None]:
     direct = _direct(module, function)
     names = _keyword_names(name)
 
-    @functools.wraps(direct)
-    def call(*args: Any, **kwargs: Any) -> None:
+    def launch(*args: Any, **kwargs: Any) -> None:
         if not watched():
             return direct(*args, **kwargs)
         define_ops()
         return getattr(torch.ops.fusionlens, PREFIX + name)(*args, *(kwargs[k] for k in names))
 
-    return call
+    return functools.wraps(direct)(on_tensor_device(launch))
+
+
+def foreign_cuda_device(args: tuple) -> int | None:
+    """The index of the CUDA device a call's tensors are on when it is not the current device, else
+    None. A call's tensors share one device (the optimizers bucket parameters by device), so the
+    first argument tells: a tensor, or a list of them."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)):
+        first = first[0] if first else None
+    if not isinstance(first, torch.Tensor) or first.device.type != "cuda":
+        return None
+    index = first.device.index
+    return None if index is None or index == torch.cuda.current_device() else index
+
+
+def on_tensor_device(fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn` run with its tensors' CUDA device made current. Triton launches on the current device
+    and its current stream, so tensors on cuda:1 while cuda:0 is current (a model spread over GPUs
+    in one process, as `device_map="auto"` does) would be an illegal memory access, or Triton's
+    "cannot be accessed from Triton". Under torch.compile the compiled graph sets its own device."""
+    def run(*args: Any, **kwargs: Any) -> None:
+        index = None if torch.compiler.is_compiling() else foreign_cuda_device(args)
+        if index is None:
+            return fn(*args, **kwargs)
+        with torch.cuda.device(index):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 _NAMESPACES: dict[str, SimpleNamespace] = {}  # a plain dict: a compiler's trace reads it as is

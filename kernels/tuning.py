@@ -21,13 +21,12 @@ measured outputs are dropped: the real call runs afterwards with the chosen prov
 whose calls are long can name a cheaper call that ranks its providers the same way
 (`KernelSpec.measure_call`: a fused linear + CE times 8 of its token chunks).
 
-Never measured (the order decides, nothing is stored): inside torch.compile tracing or a JIT
-trace, under `poison_outputs()`, while a CUDA graph is captured, the autograd profiler records, or
-a TorchDispatchMode, a torch.func transform or forward-mode AD is active (a stored decision is
-still used there).
-Saved-tensor hooks (`torch.utils.checkpoint`, `save_on_cpu`) are set aside while measuring: the
-timing runs' graphs are not the model's. `FUSIONLENS_PROVIDER_CHOICE=order` turns measuring off.
-Optimizers stay on the order: their providers mutate state and `select_provider` sees only a
+Never measured (the order decides, nothing is stored; a stored decision is still used): inside
+torch.compile tracing or a JIT trace, under `poison_outputs()`, while a CUDA graph is captured, the
+autograd profiler records, or a TorchDispatchMode, a torch.func transform or forward-mode AD is
+active. Saved-tensor hooks (`torch.utils.checkpoint`, `save_on_cpu`) are set aside while measuring:
+the timing runs' graphs are not the model's. `FUSIONLENS_PROVIDER_CHOICE=order` turns measuring
+off. Optimizers stay on the order: their providers mutate state and `select_provider` sees only a
 representative tensor, not the call.
 """
 from __future__ import annotations
@@ -280,6 +279,8 @@ def _runner(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, 
 
 
 def _clock(device: str) -> tuple[str, Callable[[], float]]:
+    if device == "cuda":
+        return "cuda_events", time.perf_counter
     if device == "cpu" and torch.get_num_threads() == 1:
         return "process_cpu", time.process_time
     return "wall", time.perf_counter
@@ -288,14 +289,15 @@ def _clock(device: str) -> tuple[str, Callable[[], float]]:
 def _sample_s(run: Callable[[], None], inner: int, device: torch.device, clock: Callable[[], float]) -> float:
     """Seconds per call: `inner` calls timed together (CUDA: events after a synchronize)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3 / inner
+        with torch.cuda.device(device):  # the events go on the stream the kernels run on
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3 / inner
     t0 = clock()
     for _ in range(inner):
         run()
@@ -325,8 +327,6 @@ def measure(spec: KernelSpec, candidates: list[str], args: tuple[Any, ...], kwar
     budget_s = BUDGET_S if budget_s is None else budget_s
     device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
     clock_name, clock = _clock(device.type)
-    if device.type == "cuda":
-        clock_name = "cuda_events"
     start = time.perf_counter()
     runs: dict[str, Callable[[], None]] = {}
     warm: dict[str, float] = {}
