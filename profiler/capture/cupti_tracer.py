@@ -278,7 +278,7 @@ def cupti_backend(step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Pa
             for i in range(untraced, plan.steps):
                 start = tracer._cupti.get_timestamp()
                 step_fn(i)
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(torch.device(plan.device))
                 tracer.records.steps.append((i, start, tracer._cupti.get_timestamp()))
                 if progress:
                     progress(i + 1, plan.steps, f"step {i + 1}/{plan.steps} (traced)")

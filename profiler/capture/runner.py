@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -83,7 +84,8 @@ def prepare(loaded: LoadedModel, plan: CapturePlan) -> LoadedModel:
 def make_step(loaded: LoadedModel, plan: CapturePlan) -> Callable[[int], None]:
     """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised."""
     model = loaded.model
-    sync = torch.cuda.synchronize if plan.is_cuda else (lambda: None)
+    # the plan's GPU: a bare synchronize() waits for the current device only (cuda:0 under --device cuda:1)
+    sync = functools.partial(torch.cuda.synchronize, torch.device(plan.device)) if plan.is_cuda else (lambda: None)
     if plan.mode == "infer":
         model.eval()
 

@@ -80,3 +80,17 @@ def test_flops_pass_can_be_turned_off(tmp_path):
     res = capture("mlp", CapturePlan(mode="infer", wait=0, warmup=0, active=1, flops=False), tmp_path, size="tiny")
     assert res.trace.events["flops"].isna().all()
     assert "turned off" in res.sources_off["flops"]
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_a_step_waits_for_the_plans_gpu(monkeypatch, mode):
+    """Each step ends with a synchronize of the plan's device: a bare synchronize() waits for the
+    current device only, so under --device cuda:1 the steps (and their ProfilerStep spans) ended
+    before cuda:1's kernels did. (The model runs on the CPU here; only the wait is checked.)"""
+    from profiler.capture.runner import make_step
+    from profiler.capture.spec import load_spec
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    make_step(load_spec("mlp", size="tiny"), CapturePlan(device="cuda:1", mode=mode))(0)
+    assert waited == [torch.device("cuda:1")]
