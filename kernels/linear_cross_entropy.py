@@ -41,17 +41,18 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
     """Loss (fp32 scalar), where needed dx [N, H], dW [V, H], db [V] for a unit upstream grad, and
     the factor those grads still need (None: already applied).
 
-    Eager: the mean's 1/n_valid goes into the kernel (one sync: the count is read on the host).
-    Under torch.compile (and for fake tensors) the count stays a tensor, so the graph does not
-    break: the kernel scales by 1 and the factor is applied in backward, where the upstream grad
-    multiplies them anyway.
+    Eager on the CPU: the mean's 1/n_valid goes into the kernel (the count is read on the host).
+    Under torch.compile, for fake tensors and on GPUs the count stays a tensor: the graph does not
+    break, and a GPU neither stalls its launch queue on a host read every call nor refuses a CUDA
+    graph capture. The kernel then scales by 1 and the factor is applied in backward, where the
+    upstream grad multiplies the grads anyway.
     """
     ops = ROW_OPS[provider]
     n, _ = x.shape
     factor = None
     if reduction != "mean":
         scale = 1.0
-    elif not has_data(target):  # torch.compile, fake tensors
+    elif not has_data(target) or target.device.type != "cpu":  # compile, fake tensors, GPUs
         n_valid = (target != ignore_index).sum().to(torch.float32)
         factor, scale = torch.where(n_valid > 0, 1.0 / n_valid, 0.0), 1.0
     else:

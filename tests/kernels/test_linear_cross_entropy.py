@@ -213,3 +213,40 @@ def test_fused_linear_cross_entropy_under_autocast_cuda() -> None:
     torch.testing.assert_close(lo, le, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(gx, ex, rtol=2e-2, atol=2e-4)
     torch.testing.assert_close(gw, ew, rtol=2e-2, atol=2e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU check)")
+def test_fused_linear_cross_entropy_in_a_cuda_graph_cuda() -> None:
+    """No host read on the GPU (the mean's count stays on the device): forward and backward are
+    captured in one CUDA graph, and a replay with new targets (another ignored count) gives
+    eager's loss and grads for those targets."""
+    x = make((64, 128), seed=30).cuda().requires_grad_()
+    w = make((1001, 128), seed=31, scale=0.2).cuda().requires_grad_()
+    t = targets(64, 1001, ignore_rows=(2, 9)).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        for _ in range(2):
+            x.grad = w.grad = None
+            fused_linear_cross_entropy(x, w, t, provider="triton").backward()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # an eager call makes no synchronizing call either
+    try:
+        fused_linear_cross_entropy(x, w, t, provider="triton").backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    x.grad = w.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = fused_linear_cross_entropy(x, w, t, provider="triton")
+        loss.backward()
+    t.copy_(targets(64, 1001, seed=1, ignore_rows=(0, 5, 6, 40)).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ref = FLCE_SPEC.reference(xr, wr, t)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-3, atol=1e-5)
