@@ -74,7 +74,8 @@ class CapturePlan:
     backend: str = "kineto"
 
     def __post_init__(self) -> None:
-        if self.device.split(":")[0] not in DEVICES:
+        kind, sep, index = self.device.partition(":")
+        if kind not in DEVICES or (sep and (kind != "cuda" or not index.isdigit())):
             raise CaptureError(f"device must be one of {DEVICES} (optionally cuda:N), got {self.device!r}")
         if self.dtype not in DTYPES:
             raise CaptureError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")

@@ -26,9 +26,23 @@ def test_backend_registry_rejects_duplicates_and_unknown_names():
 
 def test_plan_validates():
     assert CapturePlan(wait=2, warmup=1, active=4).steps == 7
-    for bad in (dict(mode="fly"), dict(device="tpu"), dict(active=0), dict(wait=-1), dict(dtype="int8")):
+    for bad in (dict(mode="fly"), dict(device="tpu"), dict(device="cuda:x"), dict(device="cpu:1"),
+                dict(device="cuda:-1"), dict(device="cuda:"), dict(active=0), dict(wait=-1), dict(dtype="int8")):
         with pytest.raises(CaptureError):
             CapturePlan(**bad)
+
+
+def test_a_gpu_index_past_the_machines_gpus_is_one_line(monkeypatch):
+    from profiler.capture.runner import prepare
+    from profiler.capture.spec import load_spec
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(CaptureError, match=r"--device cuda:3 requested but this machine has 1 CUDA device \(cuda:0\)$"):
+        prepare(load_spec("mlp", size="tiny"), CapturePlan(device="cuda:3"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(CaptureError, match=r"has 2 CUDA devices \(cuda:0 to cuda:1\)$"):
+        prepare(load_spec("mlp", size="tiny"), CapturePlan(device="cuda:2"))
 
 
 def test_cupti_backend_degrades_with_a_reason_here(tmp_path):
