@@ -10,7 +10,8 @@ from profiler.cli import register_command
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help=".json/.json.gz trace, a directory or .zip of them; several files = several ranks")
+                   help=".json/.json.gz trace, a directory or .zip of them (several files = several ranks), "
+                        "or a capture's output folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="also write the summary as a JSON object")
     p.add_argument("--max-decompressed-gb", type=float, default=4.0,
                    help="refuse traces that decompress to more than this (default 4)")
@@ -18,11 +19,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 @register_command("summary", "Load trace(s) as one Trace and print a short summary", _add_arguments)
 def run(args: argparse.Namespace) -> int:
-    from profiler.trace import load_trace
+    from profiler.capture.artifacts import load_traces_or_saved
     from profiler.trace.summary import summarize
 
-    sources = args.traces[0] if len(args.traces) == 1 else list(args.traces)
-    trace = load_trace(sources, max_decompressed_bytes=int(args.max_decompressed_gb * (1 << 30)))
+    # as `analyze`: a capture's folder (or its trace/ folder) opens its saved Parquet Trace
+    trace = load_traces_or_saved(list(args.traces), max_decompressed_bytes=int(args.max_decompressed_gb * (1 << 30)))
     s = summarize(trace)
     print(f"trace: {', '.join(s['sources'])}")
     if s["devices"]:

@@ -58,3 +58,20 @@ def test_bad_input_exits_2_with_one_line(tmp_path, content):
 def test_missing_file_exits_2(tmp_path):
     proc = _run(tmp_path / "missing.json.gz")
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_summary_of_a_capture_folder(tmp_path):
+    """`capture --out DIR` then `summary DIR`: the capture's saved Trace, as `analyze` opens it
+    (the folder also holds summary.json and the roofline CSVs, which are not traces: before, the
+    directory's JSON files were all read as traces and the first non-trace stopped it)."""
+    cap = tmp_path / "cap"
+    p = subprocess.run([sys.executable, "-m", "profiler", "capture", "mlp", "--size", "tiny", "--mode", "infer",
+                        "--steps", "2", "--wait", "0", "--warmup", "1", "--ceilings", "none", "--quiet",
+                        "--out", str(cap)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    runs = [_run(target, "--json", tmp_path / f"{target.name}.json") for target in (cap, cap / "trace")]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr
+        assert "steps: " in proc.stdout and "by kind: cpu_op=" in proc.stdout
+    a, b = (json.loads((tmp_path / f"{t}.json").read_text()) for t in ("cap", "trace"))
+    assert a == b and a["ranks"] == [0] and a["events"] > 0 and len(a["steps"]) == 2
