@@ -1,5 +1,5 @@
-"""On a GPU, no kernel's forward or backward makes a synchronizing call (skipped without a GPU;
-`benchmarks/gpu_check.sh` runs it with `-k cuda`).
+"""On a GPU, no kernel's forward or backward makes a synchronizing call, and both replay in a CUDA
+graph (skipped without a GPU; `benchmarks/gpu_check.sh` runs them with `-k cuda`).
 
 A host read (`.item()`, `int(t)`, a pageable host->device copy) stalls the CPU until the GPU has
 caught up, so it cannot queue the next kernels ahead of the GPU, and it cannot be captured in a
@@ -71,3 +71,36 @@ def test_cuda_forward_and_backward_never_synchronize(name: str) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_forward_and_backward_replay_in_a_cuda_graph(name: str) -> None:
+    """Forward and backward captured in one CUDA graph (what torch.compile's reduce-overhead mode
+    and serving stacks do), replayed on new input values: the eager call's outputs and grads."""
+    inputs, fn = _cases()[name]
+    static = [t.detach().clone().requires_grad_() for t in inputs]
+
+    def run(leaves):
+        out = fn(*leaves)
+        outs = out if isinstance(out, tuple) else (out,)
+        loss = sum((o.float() * o.float()).sum() for o in outs)  # grads depend on the outputs
+        return outs, torch.autograd.grad(loss, leaves)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        run(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs, grads = run(static)
+    fresh = [torch.randn_like(t) for t in inputs]
+    with torch.no_grad():
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    want_outs, want_grads = run([f.requires_grad_() for f in fresh])
+    for got, want in zip((*outs, *grads), (*want_outs, *want_grads)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
