@@ -167,15 +167,15 @@ def _nvml(plan: CapturePlan, off: dict[str, str]) -> Any:
 
 
 def nvml_counters(samples: pd.DataFrame, raw_path: Optional[Path], trace: Trace) -> pd.DataFrame:
-    """NVML samples (ts_us in Unix-epoch µs) on the Trace's clock, via Kineto's baseTimeNanoseconds."""
+    """NVML samples (ts_us in Unix-epoch µs) on the Trace's clock, via Kineto's baseTimeNanoseconds.
+    They also go into the Kineto JSON itself as counter tracks (`kineto_counters`), for Perfetto."""
     if samples is None or samples.empty:
         return samples
     base_us = 0.0
     if raw_path is not None and float(samples["ts_us"].max()) > 1e15:
-        import orjson
+        from profiler.capture.kineto_counters import embed_counters
 
-        doc = orjson.loads(Path(raw_path).read_bytes())
-        base_us = float(doc.get("baseTimeNanoseconds", 0)) / 1e3
+        base_us = embed_counters(raw_path, samples)
     ts = samples["ts_us"].astype("float64") - base_us - float(trace.meta.get("t0_us", 0.0))
     return samples.assign(ts_us=ts)
 
