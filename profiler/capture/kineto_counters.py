@@ -16,8 +16,6 @@ from pathlib import Path
 import pandas as pd
 
 CATEGORY = "nvml"  # the events' `cat`: what made them (Kineto's own events never use it)
-
-
 _BASE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 HEAD_BYTES = 1 << 16  # Kineto writes its header (base time, device properties) before the events

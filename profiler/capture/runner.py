@@ -61,9 +61,10 @@ def prepare(loaded: LoadedModel, plan: CapturePlan) -> LoadedModel:
     spec = loaded.spec
     if plan.is_cuda and not torch.cuda.is_available():
         raise CaptureError(f"spec {spec!r}: --device cuda requested but no CUDA device is available here")
-    if plan.is_cuda and torch.device(plan.device).index is not None:
+    index = torch.device(plan.device).index if plan.is_cuda else None
+    if index is not None:
         count = torch.cuda.device_count()
-        if torch.device(plan.device).index >= count:
+        if index >= count:
             raise CaptureError(f"spec {spec!r}: --device {plan.device} requested but this machine has {count} CUDA "
                                f"device{'s' if count != 1 else ''} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
     on_meta = [n for n, p in loaded.model.named_parameters() if p.device.type == "meta"]

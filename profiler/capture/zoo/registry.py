@@ -40,6 +40,7 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def _check_types(name: str, config_cls: type, values: Mapping[str, Any]) -> None:
+    """ZooError naming the first setting whose value is not of its field's annotated type."""
     for f in dataclasses.fields(config_cls):
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
         check = _FIELD_TYPES.get(kind)
