@@ -24,7 +24,8 @@ class UsageError(FusionLensError):
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="zoo name, hf:NAME, path/to/file.py:build or package.module:build")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
+    p.add_argument("--dtype", default="float32", type=dtype_name, choices=["float32", "float16", "bfloat16", "float64"],
+                   help="model dtype (default float32; bf16, fp16, fp32, fp64, half and double are accepted too)")
     p.add_argument("--mode", default="train", choices=["train", "infer"])
     p.add_argument("--steps", type=int, default=3, help="profiled (active) steps (default 3)")
     p.add_argument("--wait", type=int, default=1, help="unprofiled steps first (default 1)")
@@ -45,6 +46,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ceilings", default="measured", choices=["measured", "quick", "table", "none"],
                    help="roofline ceilings: measured (cached per machine), quick, table (device table) or none")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+                 "bf16": "bfloat16", "fp64": "float64", "double": "float64"}
+
+
+def dtype_name(value: str) -> str:
+    """--dtype value -> the canonical torch name: bf16 -> bfloat16, torch.float16 -> float16."""
+    name = value.strip().lower().removeprefix("torch.")
+    return DTYPE_ALIASES.get(name, name)
 
 
 def parse_settings(items: list[str]) -> dict[str, Any]:

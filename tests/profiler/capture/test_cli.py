@@ -177,3 +177,12 @@ def test_a_capture_into_a_used_folder_leaves_only_its_own_files(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [Path(p).name for p in summary["files"]["kineto_json"]] == ["kineto_rank0.pt.trace.json"]
     assert summary["flops_total"] == 0
+
+
+def test_dtype_takes_the_short_names_users_type():
+    from profiler.cli.capture import dtype_name
+
+    assert [dtype_name(v) for v in ("bf16", "FP16", "half", "fp32", "float", "double", "torch.bfloat16", "float64")] \
+        == ["bfloat16", "float16", "float16", "float32", "float32", "float64", "bfloat16", "float64"]
+    proc = run("mlp", "--dtype", "int8")
+    assert proc.returncode == 2 and "invalid choice: 'int8'" in proc.stderr
