@@ -1,11 +1,12 @@
 """Distributed capture: profile a DistributedDataParallel training run, one trace per rank.
 
 `capture_ddp(spec, plan, out_dir, nproc)` spawns `nproc` workers (torch.multiprocessing, spawn
-start method) on one machine: gloo on CPU, NCCL on CUDA (rank r on cuda:r). Each worker resolves
-the spec itself (the same local path or zoo name), wraps the model in DDP, and runs the normal
-capture (runner.capture), writing `kineto_rank{r}.pt.trace.json` and `op_costs_rank{r}.parquet`
-into `out_dir`. The parent loads every rank's JSON together (`load_trace([...])`: one Trace with
-a `rank` column, one clock origin) and joins each rank's op costs to its rows.
+start method) on one machine: gloo on CPU, NCCL on CUDA (rank r on cuda:r; under torchrun, the
+LOCAL_RANK's GPU). Each worker resolves the spec itself (the same local path or zoo name), wraps
+the model in DDP, and runs the normal capture (runner.capture), writing
+`kineto_rank{r}.pt.trace.json` and `op_costs_rank{r}.parquet` into `out_dir`. The parent loads
+every rank's JSON together (`load_trace([...])`: one Trace with a `rank` column, one clock
+origin) and joins each rank's op costs to its rows.
 
 torchrun recipe (same files, your launcher): run a script that calls
 `profiler.capture.ddp.capture_this_rank(spec, plan, out_dir)` under
@@ -58,13 +59,12 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
     from profiler.capture.runner import capture, unused_parameters
 
     say = progress or (lambda done, total, msg: None)
+    if plan.is_cuda:  # before NCCL starts: its communicator binds to the current device
+        torch.cuda.set_device(local_gpu(os.environ, torch.cuda.device_count()))
+        plan = dataclasses.replace(plan, device=f"cuda:{torch.cuda.current_device()}")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if plan.is_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
-    rank = dist.get_rank()
-    if plan.is_cuda:
-        torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
-        plan = dataclasses.replace(plan, device=f"cuda:{torch.cuda.current_device()}")
 
     def wrap(loaded: Any) -> torch.nn.Module:
         ids = [torch.cuda.current_device()] if plan.is_cuda else None
@@ -84,6 +84,18 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
 
     return capture(spec, plan, out_dir, size=size, batch=batch, overrides=overrides,
                    progress=progress, wrap_model=wrap)
+
+
+def local_gpu(env: Mapping[str, str], count: int) -> int:
+    """This rank's GPU index on its machine: LOCAL_RANK (torchrun sets it; ranks need not be laid
+    out node by node), else RANK modulo the GPUs this process sees (our own spawned workers)."""
+    if count < 1:
+        raise CaptureError("a CUDA capture rank sees no GPU")
+    for key in ("LOCAL_RANK", "RANK"):
+        value = env.get(key, "").strip()
+        if value.isdigit():
+            return int(value) % count
+    return 0
 
 
 def union_over_ranks(names: list[str]) -> list[str]:
@@ -107,9 +119,7 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
         if rank == 0:
             messages.put(("progress", done, total, msg))
 
-    try:
-        dist.init_process_group("nccl" if plan.is_cuda else "gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:  # capture_this_rank starts the process group from the environment set above
         capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress,
                           on_unused=lambda names: messages.put(("unused", rank, list(names))) if rank == 0 else None,
                           find_unused=find_unused)

@@ -1,6 +1,8 @@
 """A DDP capture with 2 ranks on this CPU (gloo): one trace per rank, loaded as ranks 0 and 1."""
 import textwrap
 
+import pytest
+
 from profiler.capture.backends import CapturePlan
 from profiler.capture.ddp import capture_ddp
 
@@ -109,3 +111,17 @@ def test_a_parameter_a_later_step_leaves_out_reruns_with_detection(tmp_path):
     assert res.trace.ranks == (0, 1) and meta["ddp_find_unused_parameters"] is True
     assert list(meta["ddp_unused_parameters"]) == []  # the check step used every parameter
     assert any("running again with find_unused_parameters=True" in m for m in said), said
+
+
+def test_each_rank_picks_its_machines_gpu():
+    """torchrun's LOCAL_RANK wins (ranks need not be laid out node by node); our own workers set
+    only RANK; the index wraps at the GPUs the process sees; no GPU is one line."""
+    from profiler.capture.backends import CaptureError
+    from profiler.capture.ddp import local_gpu
+
+    assert local_gpu({"RANK": "13", "LOCAL_RANK": "2"}, 8) == 2
+    assert local_gpu({"RANK": "3"}, 2) == 1
+    assert local_gpu({"RANK": "5", "LOCAL_RANK": "5"}, 1) == 0  # CUDA_VISIBLE_DEVICES=one GPU a rank
+    assert local_gpu({}, 4) == 0
+    with pytest.raises(CaptureError, match="sees no GPU"):
+        local_gpu({"RANK": "0"}, 0)
