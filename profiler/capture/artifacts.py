@@ -98,6 +98,13 @@ def saved_trace_folder(path: str | Path) -> Path | None:
     return None
 
 
+def is_rank_folder(path: str | Path) -> bool:
+    """Whether `path` is a folder of per-rank captures without a saved Trace (what
+    `capture_this_rank` leaves under torchrun): Kineto JSON and op costs per rank."""
+    p = Path(path)
+    return p.is_dir() and any(p.glob("kineto_rank*.pt.trace.json")) and any(p.glob("op_costs_rank*.parquet"))
+
+
 def recent_captures(root: str | Path, limit: int = 30) -> list[Path]:
     """Capture `--out` folders under `root` (the dashboard's `<data dir>/captures`) that hold a
     saved Trace, newest first."""
@@ -139,4 +146,8 @@ def load_traces_or_saved(paths: list[str], **load_kwargs: Any) -> Trace:
         if len(paths) > 1:
             raise TraceError(f"{saved[0]}: a saved Trace folder (Parquet) must be given alone, not with other traces")
         return load_saved_trace(saved[0])
+    if len(paths) == 1 and is_rank_folder(paths[0]):  # ranks written by capture_this_rank (torchrun)
+        from profiler.capture.ddp import load_ddp_trace
+
+        return load_ddp_trace(paths[0], **load_kwargs)
     return load_trace(paths[0] if len(paths) == 1 else list(paths), **load_kwargs)

@@ -8,10 +8,11 @@ the model in DDP, and runs the normal capture (runner.capture), writing
 every rank's JSON together (`load_trace([...])`: one Trace with a `rank` column, one clock
 origin) and joins each rank's op costs to its rows.
 
-torchrun recipe (same files, your launcher): run a script that calls
+torchrun recipe (same files, your launcher; docs/capture.md): run a script that calls
 `profiler.capture.ddp.capture_this_rank(spec, plan, out_dir)` under
-`torchrun --nproc-per-node N script.py`; it reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
-environment that torchrun sets, and then `load_ddp_trace(out_dir)` merges the ranks.
+`torchrun --standalone --nproc-per-node N script.py`; it starts the process group from the
+environment torchrun sets, and `load_ddp_trace(out_dir)` (what `python -m profiler analyze
+out_dir` runs) merges the ranks.
 
 find_unused_parameters: on when one plain step leaves a parameter without a grad on some rank
 (the union over ranks: they must agree), or when a run fails with DDP's "Expected to have finished
@@ -134,8 +135,9 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
             dist.destroy_process_group()
 
 
-def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] = None):
-    """Load every rank's Kineto JSON in `out_dir` as one Trace and join each rank's op costs."""
+def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] = None, **load_kwargs: Any):
+    """Load every rank's Kineto JSON in `out_dir` as one Trace and join each rank's op costs.
+    `load_kwargs` go to `profiler.trace.load_trace`."""
     from profiler.capture.join import join_costs
     from profiler.capture.kineto import _load_trace
     from profiler.trace.model import Trace
@@ -144,7 +146,7 @@ def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] 
     paths = sorted(out_dir.glob("kineto_rank*.pt.trace.json"), key=lambda p: int(p.name[11:].split(".")[0]))
     if not paths:
         raise CaptureError(f"no per-rank traces (kineto_rank*.pt.trace.json) in {out_dir}")
-    trace = _load_trace()([str(p) for p in paths])
+    trace = _load_trace()([str(p) for p in paths], **load_kwargs)
     parts, joins = [], {}
     for rank, events in trace.events.groupby("rank", observed=True, sort=True):
         costs_path = out_dir / f"op_costs_rank{rank}.parquet"

@@ -125,3 +125,35 @@ def test_each_rank_picks_its_machines_gpu():
     assert local_gpu({}, 4) == 0
     with pytest.raises(CaptureError, match="sees no GPU"):
         local_gpu({"RANK": "0"}, 0)
+
+
+def test_the_torchrun_recipe(tmp_path):
+    """docs/capture.md's recipe as a user runs it: torchrun starts 2 ranks that each call
+    capture_this_rank; `analyze` reads the folder as ranks 0 and 1 with their op costs joined."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from profiler.capture.artifacts import load_traces_or_saved
+
+    root = Path(__file__).resolve().parents[3]
+    script = tmp_path / "capture_ranks.py"
+    script.write_text("from profiler.capture.backends import CapturePlan\n"
+                      "from profiler.capture.ddp import capture_this_rank\n"
+                      f"capture_this_rank('mlp', CapturePlan(mode='train', wait=0, active=1), {str(tmp_path / 'out')!r},"
+                      " size='tiny')\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    trace = load_traces_or_saved([str(tmp_path / "out")])
+    assert trace.ranks == (0, 1)
+    per_rank = trace.events.groupby("rank")["flops"].sum()
+    assert per_rank[0] == per_rank[1] > 0
+    assert sorted(trace.meta["capture"]["join_per_rank"]) == [0, 1]
+    out = tmp_path / "analysis.json"
+    cli = subprocess.run([sys.executable, "-m", "profiler", "analyze", str(tmp_path / "out"), "--json", str(out)],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert json.loads(out.read_text())["trace"]["ranks"] == [0, 1]
