@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from profiler.capture.hf_shrink import shrink_config
+from profiler.capture.hub_kernels import keep_transformers_off_our_kernels
 from profiler.capture.spec import SpecError, describe_failure
 
 HF_PRESETS = {"tiny": dict(layers=1, dim=32, heads=2, vocab=128, seq_len=16, batch=2),
@@ -110,6 +111,7 @@ def auto_model_types() -> dict[str, str]:
     empty without transformers."""
     if transformers_unavailable_reason():
         return {}
+    keep_transformers_off_our_kernels()
     from transformers.models.auto import modeling_auto
 
     known: dict[str, str] = {}
@@ -198,6 +200,7 @@ def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None
     if batch is not None:
         settings["batch"] = batch
     try:
+        keep_transformers_off_our_kernels()
         tf = importlib.import_module("transformers")
         model, inputs = build(tf, settings)
     except SpecError:

@@ -209,6 +209,9 @@ def load_spec(spec: str, *, size: str = "small", batch: int | None = None,
 
         out = build_hf(spec, target, size=size, batch=batch, **overrides)
     else:
+        from profiler.capture.hub_kernels import keep_transformers_off_our_kernels
+
+        keep_transformers_off_our_kernels()  # the user's code may build a transformers model
         module = _import_file(spec, Path(target)) if kind == "file" else _import_module(spec, target)
         build = getattr(module, attr, None)
         if not callable(build):
