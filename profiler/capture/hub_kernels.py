@@ -55,7 +55,8 @@ def keep_transformers_off_our_kernels() -> str | None:
     if original is None or original is _unavailable:
         return version
     for name, module in list(sys.modules.items()):
+        # each module's own namespace, not getattr: transformers' lazy modules import on getattr
         if (name == "transformers" or name.startswith("transformers.")) and \
-                getattr(module, "is_kernels_available", None) is original:
+                getattr(module, "__dict__", {}).get("is_kernels_available") is original:
             setattr(module, "is_kernels_available", _unavailable)
     return version

@@ -62,6 +62,8 @@ def test_hf_and_file_specs_build_beside_hub_kernels(hub_kernels_installed, tmp_p
             assert out.loss.isfinite(), spec
         import kernels
         assert hasattr(kernels, "rms_norm")  # FusionLens's package is still the one imported
+        import transformers.modeling_utils as mu
+        assert mu.is_kernels_available() is False  # the copy a model module imported by name too
         print("built")
         """, site)
     assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-2000:]
