@@ -21,6 +21,7 @@ then runs once more with it on, and says so.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import os
@@ -51,8 +52,9 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
                       progress: Optional[ProgressFn] = None,
                       on_unused: Optional[Callable[[list[str]], None]] = None,
                       find_unused: bool = False) -> CaptureResult:
-    """Inside an initialised (or torchrun-configured) process group: capture this rank under DDP.
-    `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters);
+    """Capture this rank under DDP, in the caller's process group or, when none is initialised, in
+    one started from the environment (torchrun's, or capture_ddp's workers'), kept for later calls
+    and ended at exit. `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters);
     `find_unused=True` turns that on whatever the check finds (every rank must pass the same)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,6 +68,9 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
     if not dist.is_initialized():
         dist.init_process_group("nccl" if plan.is_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+        # kept, not ended on return: a second group from the same torchrun store hangs in its first
+        # collective; ended at exit, where NCCL otherwise warns of a group left open
+        atexit.register(_end_process_group)
 
     def wrap(loaded: Any) -> torch.nn.Module:
         ids = [torch.cuda.current_device()] if plan.is_cuda else None
@@ -85,6 +90,13 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
 
     return capture(spec, plan, out_dir, size=size, batch=batch, overrides=overrides,
                    progress=progress, wrap_model=wrap)
+
+
+def _end_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def local_gpu(env: Mapping[str, str], count: int) -> int:

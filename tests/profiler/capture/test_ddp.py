@@ -129,7 +129,9 @@ def test_each_rank_picks_its_machines_gpu():
 
 def test_the_torchrun_recipe(tmp_path):
     """docs/capture.md's recipe as a user runs it: torchrun starts 2 ranks that each call
-    capture_this_rank; `analyze` reads the folder as ranks 0 and 1 with their op costs joined."""
+    capture_this_rank, for two models in turn (one process group for both: a second group from
+    torchrun's store hung in its first collective); `analyze` reads a folder as ranks 0 and 1 with
+    their op costs joined."""
     import json
     import subprocess
     import sys
@@ -141,12 +143,14 @@ def test_the_torchrun_recipe(tmp_path):
     script = tmp_path / "capture_ranks.py"
     script.write_text("from profiler.capture.backends import CapturePlan\n"
                       "from profiler.capture.ddp import capture_this_rank\n"
-                      f"capture_this_rank('mlp', CapturePlan(mode='train', wait=0, active=1), {str(tmp_path / 'out')!r},"
+                      "for spec, out in (('cnn', 'cnn_out'), ('mlp', 'out')):\n"
+                      f"    capture_this_rank(spec, CapturePlan(mode='train', wait=0, active=1), {str(tmp_path)!r} + '/' + out,"
                       " size='tiny')\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert load_traces_or_saved([str(tmp_path / "cnn_out")]).ranks == (0, 1)
     trace = load_traces_or_saved([str(tmp_path / "out")])
     assert trace.ranks == (0, 1)
     per_rank = trace.events.groupby("rank")["flops"].sum()
