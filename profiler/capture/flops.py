@@ -53,6 +53,11 @@ ZERO_FLOP_OPS = frozenset({
     "expand_copy", "permute_copy", "view_copy", "t_copy", "transpose_copy", "tril_indices",
     "triu_indices", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "_assert_async",
     "_foreach_copy_", "_foreach_zero_",
+    # selection and comparison-only (0, as eq/lt; formulas_ext's docstring)
+    "sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "cummax", "cummin",
+    "nonzero", "nonzero_static", "searchsorted", "bucketize", "_is_all_true", "_is_any_true", "eye",
+    "im2col", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_unique2", "unique_dim",
+    "unique_consecutive", "exponential_", "geometric_", "cauchy_", "log_normal_",
 })
 
 

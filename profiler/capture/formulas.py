@@ -274,7 +274,8 @@ def copy_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     return tensor_bytes(args[1]) + tensor_bytes(args[0])
 
 
-@register_bytes(*_packets("fill_", "zero_", "uniform_", "normal_", "bernoulli_", "random_"))
+@register_bytes(*_packets("fill_", "zero_", "uniform_", "normal_", "bernoulli_", "random_", "exponential_",
+                          "geometric_", "cauchy_", "log_normal_"))
 def fill_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     """Write the destination, plus any tensor fill value read."""
     return tensor_bytes(args[0]) + sum(tensor_bytes(t) for t in tensors(args[1:]))
@@ -284,3 +285,6 @@ def fill_bytes(args: tuple, kwargs: dict, out: Any) -> int:
 def no_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     """Metadata only: no data moved (empty* allocations: flops.is_allocation)."""
     return 0
+
+
+from profiler.capture import formulas_ext  # noqa: E402,F401  (registers the rest of the formulas)

@@ -1,0 +1,184 @@
+"""FLOP formulas beyond the basics in `formulas`: MoE grouped GEMMs, routing (scans, histograms,
+scatter-adds), pooling, FFTs, triangular solves, group norm, and pointwise ops torch does not tag
+`pointwise`. Registered into the same registry (`formulas.FLOP_FORMULAS`) on import.
+
+A sweep of transformers' 251 text LMs at the tiny preset (one training step each) left these
+ops without a rule: 39 MoE models' expert GEMMs (`aten::_grouped_mm`, most of their FLOPs) among
+them. Conventions as in `formulas` (per element of the named tensor; a multiply-add is 2):
+- grouped GEMM: 2 * M * K * N summed over the groups; the grouped dim (offs) counts up to
+  offs[-1], the rows the kernel computes (expert parallelism parks tokens past it);
+- scans (cumsum, cumprod) 1 per input element, logcumsumexp 3; histc and bincount 1 per input
+  element; scatter/index add or reduce 1 per source element; unfold/col2im backward-style
+  accumulation 1 per input element;
+- selection and comparison-only ops (sort, topk, nonzero, ...) count 0, as `eq`/`lt` do:
+  `flops.ZERO_FLOP_OPS`;
+- pooling: average kh*kw per output element (its backward per gradient element), max the same
+  (a windowed reduction, as `amax` counts 1 per input element), adaptive average 1 per input
+  element plus 1 per output; nearest upsampling 0 (a gather);
+- FFT: 5 N log2 n per complex transform of n points over N elements, half that real-to-complex
+  and complex-to-real;
+- triangular solve: n per element of the solution (n^2 k for an n x n system with k columns);
+- group norm as layer norm (7N + 2R forward, 13N backward; R = batch x groups);
+- pointwise ops without the tag: floor_divide 1, polar 4, glu 5 (sigmoid + mul) and its
+  backward 10, softplus/log-sigmoid backward 6 and forward 4, mish backward 14, hardsigmoid
+  backward 2.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from profiler.capture.formulas import _first_out, _packets, numel, register_flops
+
+
+def _grouped_extent(offs: Any, full: int) -> int:
+    """How much of the grouped dim the kernel computes: offs[-1] when the offsets can be read (a
+    real tensor; a CUDA one syncs, in the untimed pass), else the whole dim."""
+    if not isinstance(offs, torch.Tensor) or offs.numel() == 0 or offs.device.type == "meta":
+        return full
+    try:
+        return min(full, int(offs[-1]))
+    except (RuntimeError, NotImplementedError, ValueError):  # fake or functional tensors
+        return full
+
+
+@register_flops(*_packets("_grouped_mm"))
+def grouped_mm_flops(a, b, offs=None, *args, out_val=None, **kwargs) -> int:
+    """2D x 3D (tokens sorted by expert): 2 * offs[-1] * K * N; 3D x 2D: 2 * M * K * offs[-1];
+    2D x 2D (groups split K, out [G, M, N]): 2 * M * offs[-1] * N; 3D x 3D: 2 * G * M * K * N."""
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * a.shape[0] * _grouped_extent(offs, a.shape[1]) * b.shape[1]
+    if a.dim() == 2:
+        return 2 * _grouped_extent(offs, a.shape[0]) * a.shape[1] * b.shape[-1]
+    if b.dim() == 2:
+        return 2 * a.shape[1] * a.shape[2] * _grouped_extent(offs, b.shape[1])
+    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[-1]
+
+
+@register_flops(*_packets("_scaled_grouped_mm"))
+def scaled_grouped_mm_flops(a, b, scale_a=None, scale_b=None, offs=None, *args, out_val=None, **kwargs) -> int:
+    """fp8 grouped GEMM: as `_grouped_mm` (the scaling is per row/column, not per product)."""
+    return grouped_mm_flops(a, b, offs)
+
+
+def _per_input(per: float):
+    def flops(x, *args, out_val=None, **kwargs) -> int:
+        return int(per * numel(x))
+    return flops
+
+
+def _per_output(per: float):
+    def flops(*args, out_val=None, **kwargs) -> int:
+        return int(per * numel(_first_out(out_val)))
+    return flops
+
+
+register_flops(*_packets("cumsum", "cumsum_", "cumprod", "cumprod_", "histc", "bincount"))(_per_input(1))
+register_flops(*_packets("logcumsumexp"))(_per_input(3))
+register_flops(*_packets("floor_divide", "floor_divide_"))(_per_output(1))
+register_flops(*_packets("polar"))(_per_output(4))
+register_flops(*_packets("glu"))(_per_output(5))
+register_flops(*_packets("log_sigmoid_forward"))(_per_output(4))
+register_flops(*_packets("hardsigmoid_backward"))(_per_output(2))
+register_flops(*_packets("softplus_backward", "log_sigmoid_backward"))(_per_output(6))
+register_flops(*_packets("mish_backward"))(_per_output(14))
+
+
+@register_flops(*_packets("glu_backward"))
+def glu_backward_flops(grad, *args, out_val=None, **kwargs) -> int:
+    """Twice the forward's 5 per output (= gradient) element."""
+    return 10 * numel(grad)
+
+
+@register_flops(*_packets("scatter_add", "scatter_add_", "index_add", "index_add_", "scatter_reduce",
+                          "scatter_reduce_", "index_reduce", "index_reduce_"))
+def scatter_add_flops(x, dim, index, src, *args, out_val=None, **kwargs) -> int:
+    """One add (or min/max/mul) per source element."""
+    return numel(src)
+
+
+@register_flops(*_packets("unfold_backward", "col2im"))
+def accumulate_flops(x, *args, out_val=None, **kwargs) -> int:
+    """Overlapping windows summed back: one add per input element."""
+    return numel(x)
+
+
+def _window(kernel_size: Any, dims: int) -> int:
+    sizes = list(kernel_size) if isinstance(kernel_size, (list, tuple)) else [kernel_size]
+    sizes = sizes * dims if len(sizes) == 1 else sizes
+    return math.prod(int(s) for s in sizes[:dims])
+
+
+@register_flops(*_packets("avg_pool2d", "max_pool2d_with_indices"))
+def pool2d_flops(x, kernel_size, *args, out_val=None, **kwargs) -> int:
+    return _window(kernel_size, 2) * numel(_first_out(out_val))
+
+
+@register_flops(*_packets("avg_pool3d", "max_pool3d_with_indices"))
+def pool3d_flops(x, kernel_size, *args, out_val=None, **kwargs) -> int:
+    return _window(kernel_size, 3) * numel(_first_out(out_val))
+
+
+@register_flops(*_packets("avg_pool2d_backward", "max_pool2d_with_indices_backward"))
+def pool2d_backward_flops(grad, x, kernel_size, *args, out_val=None, **kwargs) -> int:
+    return _window(kernel_size, 2) * numel(grad)
+
+
+@register_flops(*_packets("avg_pool3d_backward", "max_pool3d_with_indices_backward"))
+def pool3d_backward_flops(grad, x, kernel_size, *args, out_val=None, **kwargs) -> int:
+    return _window(kernel_size, 3) * numel(grad)
+
+
+@register_flops(*_packets("_adaptive_avg_pool2d", "_adaptive_avg_pool3d"))
+def adaptive_avg_pool_flops(x, *args, out_val=None, **kwargs) -> int:
+    """Each input element added once, one division per output element."""
+    return numel(x) + numel(_first_out(out_val))
+
+
+@register_flops(*_packets("_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"))
+def adaptive_avg_pool_backward_flops(grad, x, *args, out_val=None, **kwargs) -> int:
+    return numel(x)
+
+
+def _fft_points(x: torch.Tensor, dims: Any) -> int:
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return math.prod(x.shape[d] for d in dims) if dims else 1
+
+
+@register_flops(*_packets("_fft_c2c"))
+def fft_c2c_flops(x, dim, *args, out_val=None, **kwargs) -> int:
+    n = _fft_points(x, dim)
+    return int(5 * numel(x) * math.log2(n)) if n > 1 else 0
+
+
+@register_flops(*_packets("_fft_r2c"))
+def fft_r2c_flops(x, dim, *args, out_val=None, **kwargs) -> int:
+    n = _fft_points(x, dim)
+    return int(2.5 * numel(x) * math.log2(n)) if n > 1 else 0
+
+
+@register_flops(*_packets("_fft_c2r"))
+def fft_c2r_flops(x, dim, *args, out_val=None, **kwargs) -> int:
+    out = _first_out(out_val)
+    n = _fft_points(out, dim)
+    return int(2.5 * numel(out) * math.log2(n)) if n > 1 else 0
+
+
+@register_flops(*_packets("linalg_solve_triangular"))
+def solve_triangular_flops(a, b, *args, out_val=None, **kwargs) -> int:
+    """n x n triangular A, k right-hand sides: n^2 k (n per solution element)."""
+    return a.shape[-1] * numel(_first_out(out_val))
+
+
+@register_flops(*_packets("native_group_norm"))
+def group_norm_flops(x, weight, bias, n, c, hxw, group, *args, out_val=None, **kwargs) -> int:
+    """As layer norm over each (sample, group): 7N + 2R with weight and bias, 5N + 2R plain."""
+    return (5 + (weight is not None) + (bias is not None)) * numel(x) + 2 * int(n) * int(group)
+
+
+@register_flops(*_packets("native_group_norm_backward"))
+def group_norm_backward_flops(grad, x, *args, out_val=None, **kwargs) -> int:
+    return 13 * numel(x)
+
