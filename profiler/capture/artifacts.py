@@ -102,7 +102,7 @@ def is_rank_folder(path: str | Path) -> bool:
     """Whether `path` is a folder of per-rank captures without a saved Trace (what
     `capture_this_rank` leaves under torchrun): Kineto JSON and op costs per rank."""
     p = Path(path)
-    return p.is_dir() and any(p.glob("kineto_rank*.pt.trace.json")) and any(p.glob("op_costs_rank*.parquet"))
+    return p.is_dir() and all(any(p.glob(pattern)) for pattern in RUN_OUTPUTS)
 
 
 def recent_captures(root: str | Path, limit: int = 30) -> list[Path]:

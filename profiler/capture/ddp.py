@@ -54,8 +54,9 @@ def capture_this_rank(spec: str, plan: CapturePlan, out_dir: str | Path, *, size
                       find_unused: bool = False) -> CaptureResult:
     """Capture this rank under DDP, in the caller's process group or, when none is initialised, in
     one started from the environment (torchrun's, or capture_ddp's workers'), kept for later calls
-    and ended at exit. `on_unused(names)` hears which parameters got no grad (DDP then runs with find_unused_parameters);
-    `find_unused=True` turns that on whatever the check finds (every rank must pass the same)."""
+    and ended at exit. `on_unused(names)` hears which parameters got no grad (DDP then runs with
+    find_unused_parameters); `find_unused=True` turns that on whatever the check finds (every rank
+    must pass the same)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 

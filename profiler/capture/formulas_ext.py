@@ -111,24 +111,20 @@ def _window(kernel_size: Any, dims: int) -> int:
     return math.prod(int(s) for s in sizes[:dims])
 
 
-@register_flops(*_packets("avg_pool2d", "max_pool2d_with_indices"))
-def pool2d_flops(x, kernel_size, *args, out_val=None, **kwargs) -> int:
-    return _window(kernel_size, 2) * numel(_first_out(out_val))
+def _pool(dims: int, backward: bool = False):
+    """Window size (kernel_size over `dims` dims) per output element, or per incoming gradient
+    element for a backward (args grad, input, kernel_size, ...)."""
+    def flops(first, *args, out_val=None, **kwargs) -> int:
+        if backward:
+            return _window(args[1], dims) * numel(first)
+        return _window(args[0], dims) * numel(_first_out(out_val))
+    return flops
 
 
-@register_flops(*_packets("avg_pool3d", "max_pool3d_with_indices"))
-def pool3d_flops(x, kernel_size, *args, out_val=None, **kwargs) -> int:
-    return _window(kernel_size, 3) * numel(_first_out(out_val))
-
-
-@register_flops(*_packets("avg_pool2d_backward", "max_pool2d_with_indices_backward"))
-def pool2d_backward_flops(grad, x, kernel_size, *args, out_val=None, **kwargs) -> int:
-    return _window(kernel_size, 2) * numel(grad)
-
-
-@register_flops(*_packets("avg_pool3d_backward", "max_pool3d_with_indices_backward"))
-def pool3d_backward_flops(grad, x, kernel_size, *args, out_val=None, **kwargs) -> int:
-    return _window(kernel_size, 3) * numel(grad)
+register_flops(*_packets("avg_pool2d", "max_pool2d_with_indices"))(_pool(2))
+register_flops(*_packets("avg_pool3d", "max_pool3d_with_indices"))(_pool(3))
+register_flops(*_packets("avg_pool2d_backward", "max_pool2d_with_indices_backward"))(_pool(2, backward=True))
+register_flops(*_packets("avg_pool3d_backward", "max_pool3d_with_indices_backward"))(_pool(3, backward=True))
 
 
 @register_flops(*_packets("_adaptive_avg_pool2d", "_adaptive_avg_pool3d"))
