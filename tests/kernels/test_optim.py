@@ -473,4 +473,3 @@ def test_reference_lamb_never_reaches_the_cpp_extension(monkeypatch) -> None:
     LAMB(ps, lr=1e-2, provider="reference").step()
     got = float(optim_lamb.device_grad_divisor([p.grad for p in ps], 1.0, cpp=False))
     assert got == pytest.approx(want, rel=1e-6)
-
