@@ -14,7 +14,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 # kernel benchmarks, which add a "liger" variant when it imports.
 GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1 liger-kernel==0.8.5
 
-.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build bench-compiled triton-aot clean
+.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build bench-compiled bench-dispatch triton-aot clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,9 @@ bench-build: $(DEVSTAMP)
 
 bench-compiled: $(DEVSTAMP)
 	$(PY) benchmarks/bench_compiled_modules.py
+
+bench-dispatch: $(DEVSTAMP)
+	$(PY) benchmarks/bench_dispatch.py
 
 # Every Triton kernel variant compiled for H100/H200 (sm_90) and A100 (sm_80) without a GPU:
 # registers, spills, shared memory and load widths per variant (tests/kernels/triton_aot.py).

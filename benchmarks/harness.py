@@ -136,9 +136,10 @@ def interleave(variants: Mapping[str, Callable[[], object]], rounds: int = 7, in
 
 
 def append_rows(filename: str, rows: Iterable[Mapping[str, object]]) -> Path:
-    """Append rows (dicts with CSV_COLUMNS keys; date/machine filled in) to results/<filename>."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """Append rows (dicts with CSV_COLUMNS keys; date/machine filled in) to results/<filename>
+    (or to `filename` itself when it is an absolute path)."""
     path = RESULTS / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     mach = machine()

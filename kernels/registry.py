@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from kernels import _alloc
+from kernels import _alloc, choice_memo
 
 # Provider preference per device type. "reference" (eager composition) is always last.
 PROVIDER_ORDER: dict[str, tuple[str, ...]] = {
@@ -312,6 +312,12 @@ def plain_ops_only() -> bool:
     return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
+def memo_allowed() -> bool:
+    """The exact-call memo (`choice_memo`) may answer now: not while JIT tracing (sizes may be
+    symbolic), poisoning (tests pick by order), or under a torch.func transform (fewer providers)."""
+    return choice_memo.ENABLED and not (torch._C._get_tracing_state() is not None or poisoning() or plain_ops_only())
+
+
 def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     """None if `provider` can run this call of `spec`, else the reason it cannot."""
     if provider != "reference" and provider not in spec.providers:
@@ -382,6 +388,11 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
             raise ValueError(f"{spec.name}: provider {provider!r} unavailable: {reason}")
         return provider, {}
     if by_measurement and not torch.compiler.is_compiling():  # tracing sees only the order's code
+        if memo_allowed():  # an identical call answered from a stored decision before
+            known = choice_memo.get(choice_memo.signature(spec.name, args, kwargs))
+            if known is not None and (known == "reference" or known in spec.providers) \
+                    and provider_unavailable_reason(known) is None:
+                return known, {}
         from kernels import tuning  # tuning imports this module
 
         choice = tuning.choose(spec, args, kwargs)

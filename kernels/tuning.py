@@ -5,9 +5,10 @@ per tensor argument its dtype, a half-octave bucket of rows and of the last dim,
 mode arguments that change the algorithm: bools, strings, ints, None; floats as 0, 1 or other),
 `choose` runs every runnable provider on the call's own arguments, in interleaved rounds after a
 warm-up, and keeps the one with the lowest median; ties within `TIE_FRACTION` go to the earlier
-provider in `PROVIDER_ORDER`, so a choice does not flap. Later calls with the same key reuse it.
-Decisions live in memory and in `<data dir>/tuning/provider_choice.json` (`kernels/tuning_store.py`),
-under a fingerprint of the machine and of the provider builds.
+provider in `PROVIDER_ORDER`, so a choice does not flap. Later calls with the same key reuse it
+(~10 us: key, lookup, checks), and a call identical to one answered so gets its provider from
+`kernels/choice_memo.py` (~3 us). Decisions live in memory and in `<data dir>/tuning/
+provider_choice.json` (`kernels/tuning_store.py`), under a fingerprint of the machine and builds.
 
 What is timed is what the user will run: forward under no_grad, or forward + backward
 (`torch.autograd.grad` from detached aliases of the inputs, against a fixed grad_output from a
@@ -44,7 +45,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 
-from kernels import profiled_ops, registry
+from kernels import choice_memo, profiled_ops, registry
 from kernels.registry import KERNELS, PROVIDER_ORDER, KernelSpec
 from kernels.tuning_store import DecisionStore
 
@@ -240,9 +241,7 @@ def _saved_tensor_hooks_aside():
 def _tensors(out: Any) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    return []
+    return [t for o in out for t in _tensors(o)] if isinstance(out, (tuple, list)) else []
 
 
 def _runner(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
@@ -411,7 +410,7 @@ def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *
     grad = _wants_grad(args, kwargs)
     key = call_key(spec, args, kwargs, grad)
     device = next((v.device for v in args if isinstance(v, torch.Tensor)), torch.device("cpu"))
-    found = _STORE.get(key, device)
+    since, found = choice_memo.generation(), _STORE.get(key, device)
     if found is not None and found.record["provider"] == "reference" and not spec.reference_measured:
         found = None  # a decision stored before the reference stopped being a candidate
     if found is not None and registry.why_not(spec, found.record["provider"], args, kwargs) is None:
@@ -420,6 +419,7 @@ def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *
             return _from_record(spec, found.record, found.how, key, skipped)
         if found.memo is None:
             found.memo = _from_record(spec, found.record, found.how, key, {})
+        choice_memo.remember(spec.name, args, kwargs, found.memo.provider, since)  # for identical calls
         return found.memo
     runnable, skipped = registry.runnable_providers(spec, args, kwargs)
     if not spec.reference_measured and len(runnable) > 1:
@@ -487,7 +487,7 @@ def provider_choice(name: str, *args: Any, provider: str | None = None, **kwargs
 
 def forget_decisions() -> None:
     """Forget the in-memory decisions (tests; after changing threads the key changes anyway)."""
-    _STORE.forget()
+    _STORE.forget()  # and the exact-call memo
 
 
 def stored_decisions(device: torch.device) -> dict[str, dict]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kernels import _build
+from kernels import _build, choice_memo
 
 FORMAT = "fusionlens-provider-choice"
 # 2 (2026-12-02): version 1 files may hold decisions judged on first calls alone (a warm-up that
@@ -145,6 +145,7 @@ class DecisionStore:
         path = store_path()
         with self._lock:
             self._decisions(path, fp)[key] = Entry(record, "cached")
+            choice_memo.clear()
             doc = self._read(path) or {"format": FORMAT, "version": VERSION, "machines": {}}
             section = doc["machines"].get(fp)
             if not isinstance(section, dict) or not isinstance(section.get("decisions"), dict):
@@ -182,6 +183,7 @@ class DecisionStore:
         with self._lock:
             dropped = len(self._decisions(path, fp))
             self._memory.pop((str(path), fp), None)
+            choice_memo.clear()
             doc = self._read(path)
             if doc and doc["machines"].pop(fp, None) is not None:
                 self._write(path, doc)
@@ -191,3 +193,4 @@ class DecisionStore:
         """Drop the in-memory decisions (the file stays; it is read again on the next lookup)."""
         with self._lock:
             self._memory.clear()
+            choice_memo.clear()

@@ -42,14 +42,16 @@ def _budget(calls: list[str]) -> int:
 def test_steps_run_in_order_and_the_kernels_get_the_time_left(tmp_path) -> None:
     proc, calls, out = run_script(tmp_path, 200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    order = [i for i, c in enumerate(calls) for key in ("-m pytest", "capture_check.py", "kernels_check.py")
-             if key in c]
-    assert len(order) == 3 and order == sorted(order)
+    order = [i for i, c in enumerate(calls)
+             for key in ("-m pytest", "capture_check.py", "bench_dispatch.py", "kernels_check.py") if key in c]
+    assert len(order) == 4 and order == sorted(order)
+    dispatch_call = next(c for c in calls if "bench_dispatch.py" in c)
+    assert "--device cuda" in dispatch_call and f"--csv {tmp_path / 'scratch' / 'capture'}" in dispatch_call
     pytest_call = next(c for c in calls if "-m pytest" in c)
     assert "-k cuda" in pytest_call and "tests/kernels" in pytest_call
     assert 165 <= _budget(calls) <= 175  # 200 s minus the seconds already spent, minus 25 s margin
     log = (out / "gpu_check.log").read_text()
-    for step in ("kernel_tests", "capture_check", "kernels_check"):
+    for step in ("kernel_tests", "capture_check", "dispatch", "kernels_check"):
         assert f"=== {step} rc=0" in log
     assert (out / "env.txt").is_file() and "gpu_check status=0" in log
 

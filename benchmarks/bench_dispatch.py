@@ -1,0 +1,130 @@
+"""Per-call cost of the public kernels at decode sizes, where the Python around a kernel is the cost.
+
+Usage (from the repo root):
+    .venv/bin/python benchmarks/bench_dispatch.py [--hidden 768,4096] [--rows 1] [--threads 1]
+        [--rounds 7] [--inner 2000] [--device cpu|cuda] [--csv PATH]
+
+One decode step of a transformer calls each norm, activation and RoPE once per layer on one row
+(batch 1, one new token): the kernels themselves take 1-12 us there, so the provider choice, the
+argument checks and the autograd wrapper decide the speed. Per kernel, forward under no_grad,
+interleaved rounds (`benchmarks.harness`; CPU time on CPU, on CUDA wall time with a synchronize
+after each variant's calls: the launch rate a decode loop gets), three variants:
+- `eager`: what the user would run without FusionLens (ATen's op, or Hugging Face's composition
+  where ATen has none: LlamaRMSNorm, silu(gate) * up, rotate-half RoPE);
+- `ours`: the public function with the automatic provider choice, as shipped (a repeated call is
+  answered by `kernels/choice_memo.py`);
+- `ours_no_memo`: the same with the memo switched off (`choice_memo.ENABLED`): a stored decision reused the full way
+  (key, store lookup, support checks): what every call cost before the memo.
+Rows go to `benchmarks/results/dispatch.csv`, or --csv (microseconds per call, p20/p50/p80 over
+rounds).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # first, even when PYTHONPATH has it: benchmarks/kernels/ must not shadow kernels
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import kernels  # noqa: E402
+from benchmarks.harness import append_rows, interleave, percentiles, print_table, timing_rows  # noqa: E402
+from kernels import choice_memo, provider_choice  # noqa: E402
+
+CSV = "dispatch.csv"
+HEAD_DIM = 128
+
+
+def _hf_rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward."""
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    a, b = t.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def cases(rows: int, hidden: int, device: str) -> dict[str, tuple]:
+    """kernel -> (eager call, ours call, args[, kwargs] for provider_choice); fp32, one decode step."""
+    def t(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device)
+
+    x, r, g, w, b = t(1, rows, hidden), t(1, rows, hidden), t(1, rows, hidden), t(hidden), t(hidden)
+    heads = max(1, hidden // HEAD_DIM)
+    q, k, cos, sin = t(1, heads, rows, HEAD_DIM), t(1, heads, rows, HEAD_DIM), t(rows, HEAD_DIM), t(rows, HEAD_DIM)
+    scores = t(1, heads, rows, 512)  # attention row over a 512-token cache
+    return {
+        "rms_norm": (lambda: _hf_rms(x, w), lambda: kernels.rms_norm(x, w, 1e-6), (x, w, 1e-6)),
+        "add_rms_norm": (lambda: (lambda s: (s, _hf_rms(s, w)))(x + r), lambda: kernels.add_rms_norm(x, r, w, 1e-6),
+                         (x, r, w, 1e-6)),
+        "layer_norm": (lambda: F.layer_norm(x, (hidden,), w, b, 1e-5), lambda: kernels.layer_norm(x, w, b, 1e-5),
+                       (x, w, b, 1e-5)),
+        "gelu": (lambda: F.gelu(x, approximate="tanh"), lambda: kernels.gelu(x, "tanh"), (x, "tanh")),
+        "swiglu": (lambda: F.silu(x) * g, lambda: kernels.swiglu(x, g), (x, g)),
+        "softmax": (lambda: F.softmax(scores * 0.0884, dim=-1), lambda: kernels.softmax(scores, scale=0.0884),
+                    (scores,), {"scale": 0.0884}),
+        "rope": (lambda: (q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin),
+                 lambda: kernels.rope(q, k, cos, sin), (q, k, cos, sin)),
+    }
+
+
+def memo_off(call):
+    """`call` the full way (what a reused decision cost before `choice_memo`)."""
+    def run() -> None:
+        choice_memo.ENABLED = False
+        try:
+            call()
+        finally:
+            choice_memo.ENABLED = True
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", default="768,4096")
+    ap.add_argument("--rows", default="1")
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--inner", type=int, default=2000)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--csv", default=CSV, help="results file (a name under benchmarks/results/ or a path)")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("bench_dispatch: --device cuda but torch sees no CUDA GPU")
+    metric = "wall_s" if cuda else "cpu_s"
+    out_rows, table = [], []
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        for rows in (int(v) for v in args.rows.split(",")):
+            for hidden in (int(v) for v in args.hidden.split(",")):
+                for name, case in cases(rows, hidden, args.device).items():
+                    eager, ours, call = case[0], case[1], case[2]
+                    kw = case[3] if len(case) > 3 else {}
+                    with torch.no_grad():
+                        picked = provider_choice(name, *call, **kw).provider  # decided before timing
+                        t = interleave({"eager": eager, "ours": ours, "ours_no_memo": memo_off(ours)},
+                                       rounds=args.rounds, inner=args.inner, warmup=50,
+                                       sync=torch.cuda.synchronize if cuda else None)
+                    shape = f"{rows}x{hidden}"
+                    us = {v: percentiles(s * 1e6 for s in xs) for v, xs in getattr(t, metric).items()}
+                    speed = t.ratio("eager", "ours", metric)
+                    saved = t.ratio("ours_no_memo", "ours", metric)
+                    table.append([name, shape, threads, picked, f"{us['eager'][1]:.1f}", f"{us['ours'][1]:.1f}",
+                                  f"{us['ours_no_memo'][1]:.1f}", f"{speed[1]:.2f} ({speed[0]:.2f}-{speed[2]:.2f})",
+                                  f"{saved[1]:.2f} ({saved[0]:.2f}-{saved[2]:.2f})"])
+                    out_rows += timing_rows(f"dispatch_{name}", shape, t, unit_scale=1e6, unit="us",
+                                            notes=f"{args.device}; threads={threads}; fwd no_grad; picked={picked}")
+    print_table(f"decode-size calls on {args.device}, us per call ({'wall' if cuda else 'CPU'} time, median of rounds)",
+                ["kernel", "rows x hidden", "threads", "provider", "eager", "ours", "ours no memo",
+                 "eager/ours", "no memo/ours"], table)
+    print(f"rows appended to {append_rows(args.csv, out_rows)}")
+
+
+if __name__ == "__main__":
+    main()
