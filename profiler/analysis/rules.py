@@ -45,7 +45,8 @@ NOT_MEMORY_BOUND_PATTERNS = (
 )
 GEMM_PATTERNS = (kt.NamePattern("gemm", r"gemm|xmma|cutlass|nvjet|cublas|Cijk_|matmul", "GEMM kernels"),)
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                        "aten::_addmm_activation", "aten::addbmm"})
+                        "aten::_addmm_activation", "aten::addbmm", "aten::addmm_", "aten::baddbmm_", "aten::addbmm_",
+                        "aten::mv", "aten::addmv", "aten::_grouped_mm"})
 
 
 def step_total_us(trace, results: Results | None = None) -> float:

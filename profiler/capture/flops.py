@@ -63,8 +63,9 @@ ZERO_FLOP_OPS = frozenset({
 
 @lru_cache(maxsize=None)
 def is_view(func: Any) -> bool:
-    """True when every return of `func` aliases an input without writing it (views, alias ops)."""
-    if getattr(func, "is_view", False):
+    """True when every return of `func` aliases an input without writing it (views, alias ops), or
+    `func` changes only an input's metadata in place (squeeze_, t_, as_strided_: tag inplace_view)."""
+    if getattr(func, "is_view", False) or torch.Tag.inplace_view in func.tags:
         return True
     returns = func._schema.returns
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)

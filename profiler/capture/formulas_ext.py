@@ -21,7 +21,11 @@ them. Conventions as in `formulas` (per element of the named tensor; a multiply-
 - group norm as layer norm (7N + 2R forward, 13N backward; R = batch x groups);
 - pointwise ops without the tag: floor_divide 1, polar 4, glu 5 (sigmoid + mul) and its
   backward 10, softplus/log-sigmoid backward 6 and forward 4, mish backward 14, hardsigmoid
-  backward 2.
+  backward 2;
+- the GEMM family's in-place and vector forms, 2 per multiply-add as torch counts mm: addmm_ and
+  baddbmm_ by torch's own addmm/baddbmm rules (FusionLens's chunked linear + cross-entropy
+  accumulates its weight gradient with addmm_), addbmm 2BMKN, mv/addmv 2MK, dot/vdot 2N, addr
+  2MN; cross product 3 per output element; cdist 3D per distance (difference, square, sum).
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ from typing import Any
 
 import torch
 
-from profiler.capture.formulas import _first_out, _packets, numel, register_flops
+from profiler.capture.formulas import FLOP_FORMULAS, _first_out, _packets, numel, register_flops
+
+aten = torch.ops.aten
 
 
 def _grouped_extent(offs: Any, full: int) -> int:
@@ -178,3 +184,44 @@ def group_norm_flops(x, weight, bias, n, c, hxw, group, *args, out_val=None, **k
 def group_norm_backward_flops(grad, x, *args, out_val=None, **kwargs) -> int:
     return 13 * numel(x)
 
+
+
+register_flops(*_packets("addmm_"))(FLOP_FORMULAS[aten.addmm])  # same schema: torch's rule
+register_flops(*_packets("baddbmm_"))(FLOP_FORMULAS[aten.baddbmm])
+
+
+@register_flops(*_packets("addbmm", "addbmm_"))
+def addbmm_flops(x, batch1, batch2, *args, out_val=None, **kwargs) -> int:
+    """[B, M, K] @ [B, K, N] summed over B: 2 * B * M * K * N."""
+    b, m, k = batch1.shape
+    return 2 * b * m * k * batch2.shape[-1]
+
+
+@register_flops(*_packets("mv"))
+def mv_flops(mat, vec, *args, out_val=None, **kwargs) -> int:
+    return 2 * numel(mat)
+
+
+@register_flops(*_packets("addmv", "addmv_"))
+def addmv_flops(x, mat, vec, *args, out_val=None, **kwargs) -> int:
+    return 2 * numel(mat)
+
+
+@register_flops(*_packets("dot", "vdot"))
+def dot_flops(x, y, *args, out_val=None, **kwargs) -> int:
+    return 2 * numel(x)
+
+
+@register_flops(*_packets("addr", "addr_"))
+def addr_flops(x, vec1, vec2, *args, out_val=None, **kwargs) -> int:
+    """The outer product's multiply and the add, per output element."""
+    return 2 * numel(vec1) * numel(vec2)
+
+
+register_flops(*_packets("linalg_cross"))(_per_output(3))
+
+
+@register_flops(*_packets("_cdist_forward"))
+def cdist_flops(x1, x2, *args, out_val=None, **kwargs) -> int:
+    """[.., P, D] against [.., R, D]: 3 * D per distance."""
+    return 3 * x1.shape[-1] * numel(_first_out(out_val))

@@ -111,3 +111,45 @@ def test_fft_solve_and_group_norm():
     row = only(costs_of(lambda: gn(x)), "aten::native_group_norm")
     assert row.flops == 7 * x.numel() + 2 * 2 * 3
     assert math.isfinite(row.bytes_moved) and row.bytes_moved > 0
+
+
+def test_in_place_and_vector_forms_of_the_gemm_family():
+    m, k, n, b = 3, 5, 7, 2
+    a, w, c, v, u = torch.randn(m, k), torch.randn(k, n), torch.randn(m, n), torch.randn(k), torch.randn(m)
+    a3, w3, c3 = torch.randn(b, m, k), torch.randn(b, k, n), torch.randn(b, m, n)
+    counts = {  # op -> (call, hand count: 2 per multiply-add)
+        "aten::addmm_": (lambda: c.clone().addmm_(a, w), 2 * m * k * n),
+        "aten::baddbmm_": (lambda: c3.clone().baddbmm_(a3, w3), 2 * b * m * k * n),
+        "aten::addbmm": (lambda: torch.addbmm(c, a3, w3), 2 * b * m * k * n),
+        "aten::addbmm_": (lambda: c.clone().addbmm_(a3, w3), 2 * b * m * k * n),
+        "aten::mv": (lambda: torch.mv(a, v), 2 * m * k),
+        "aten::addmv": (lambda: torch.addmv(u, a, v), 2 * m * k),
+        "aten::dot": (lambda: torch.dot(v, v), 2 * k),
+        "aten::addr": (lambda: torch.addr(a, u, v), 2 * m * k),
+        "aten::linalg_cross": (lambda: torch.linalg.cross(torch.randn(4, 3), torch.randn(4, 3)), 3 * 12),
+        "aten::_cdist_forward": (lambda: torch.cdist(a, torch.randn(4, k)), 3 * k * m * 4),
+    }
+    for name, (call, flops) in counts.items():
+        assert only(costs_of(call), name).flops == flops, name
+    # the in-place form counts what torch's rule gives the out-of-place op
+    assert only(costs_of(lambda: torch.addmm(c, a, w)), "aten::addmm").flops == 2 * m * k * n
+
+
+def test_metadata_only_in_place_ops_are_views():
+    df = costs_of(lambda: torch.randn(3, 1, 4).squeeze_(1).t_().unsqueeze_(0))
+    for name in ("aten::squeeze_", "aten::t_", "aten::unsqueeze_"):
+        row = only(df, name)
+        assert row.flops == 0 and row.bytes_moved == 0
+
+
+def test_fused_linear_cross_entropy_training_step_has_no_unknown_op():
+    import kernels
+
+    x = torch.randn(24, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    target = torch.randint(0, 50, (24,))
+    df = costs_of(lambda: kernels.fused_linear_cross_entropy(x, weight, target, chunk_size=8).backward())
+    assert not df["flops"].isna().any(), df[df["flops"].isna()][["name", "rule"]]
+    # the chunks' logits and weight-gradient GEMMs: forward x @ W^T, backward dlogits @ W and dlogits^T @ x
+    gemm = df[df["name"].isin(["aten::mm", "aten::addmm", "aten::addmm_"])]["flops"].sum()
+    assert gemm >= 3 * 2 * 24 * 16 * 50
