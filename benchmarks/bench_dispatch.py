@@ -168,7 +168,8 @@ def main() -> None:
     if cuda and not torch.cuda.is_available():
         sys.exit("bench_dispatch: --device cuda but torch sees no CUDA GPU")
     metric = "wall_s" if cuda else "cpu_s"
-    out_rows, table = [], []
+    table: list[list] = []
+    path = None
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         for rows in (int(v) for v in args.rows.split(",")):
@@ -188,8 +189,9 @@ def main() -> None:
                     table.append([name, shape, threads, picked, f"{us['eager'][1]:.1f}", f"{us['ours'][1]:.1f}",
                                   f"{us['ours_no_memo'][1]:.1f}", f"{speed[1]:.2f} ({speed[0]:.2f}-{speed[2]:.2f})",
                                   f"{saved[1]:.2f} ({saved[0]:.2f}-{saved[2]:.2f})"])
-                    out_rows += timing_rows(f"dispatch_{name}", shape, t, unit_scale=1e6, unit="us",
-                                            notes=f"{args.device}; threads={threads}; fwd no_grad; picked={picked}")
+                    path = append_rows(args.csv, timing_rows(  # per case: a timeout keeps what was measured
+                        f"dispatch_{name}", shape, t, unit_scale=1e6, unit="us",
+                        notes=f"{args.device}; threads={threads}; fwd no_grad; picked={picked}"))
     print_table(f"decode-size calls on {args.device}, us per call ({'wall' if cuda else 'CPU'} time, median of rounds)",
                 ["kernel", "rows x hidden", "threads", "provider", "eager", "ours", "ours no memo",
                  "eager/ours", "no memo/ours"], table)
@@ -201,11 +203,11 @@ def main() -> None:
         else:
             torch.set_num_threads(int(args.threads.split(",")[0]))
             gen_table, gen_rows = generation(args.generate, args.device, args.rounds, metric)
-            out_rows += gen_rows
+            path = append_rows(args.csv, gen_rows)
             print_table("greedy generation, ms per new token (median of rounds)",
                         ["model", "transformers", "ours", "ours no memo", "hf/ours", "no memo/ours", "same tokens"],
                         gen_table)
-    print(f"rows appended to {append_rows(args.csv, out_rows)}")
+    print(f"rows appended to {path}")
 
 
 if __name__ == "__main__":

@@ -79,10 +79,11 @@ EOF
     tests/kernels -k cuda
   step capture_check 100 "$PY" benchmarks/gpu/capture_check.py --out "$OUT" --scratch "$SCRATCH/capture" \
     --worker-timeout-s 40
-  # Decode-size calls (one row): the launch rate of ours against eager, with and without the
-  # provider-choice memo (about 10 s); rows go into extras.tar.gz as capture/dispatch_gpu.csv.
-  step dispatch 40 "$PY" benchmarks/bench_dispatch.py --device cuda --rounds 5 --inner 1000 \
-    --csv "$SCRATCH/capture/dispatch_gpu.csv"
+  # Decode-size calls (one row, hidden 4096): the launch rate of ours against eager, with and
+  # without the provider-choice memo, then 24 greedy tokens of a small Llama (transformers, if the
+  # image has it); rows (written per case) go into extras.tar.gz as capture/dispatch_gpu.csv.
+  step dispatch 30 "$PY" benchmarks/bench_dispatch.py --device cuda --hidden 4096 --rounds 5 --inner 500 \
+    --generate 24 --csv "$SCRATCH/capture/dispatch_gpu.csv"
   # The kernel benchmarks get what the earlier steps left of the 5 minutes (at least 80 s): they
   # stop at their budget, families in order, so a quick start buys the later families and the sweep.
   local left=$((TOTAL_S - SECONDS))
