@@ -218,6 +218,8 @@ provider_unavailable_reason._dynamo_marked_constant = True  # type: ignore[attr-
 
 
 _POISON = threading.local()
+_POISON_BLOCKS = [0]  # open poison_outputs() blocks in all threads: 0 answers `poisoning` without the thread-local
+_POISON_LOCK = threading.Lock()
 
 
 @contextmanager
@@ -225,15 +227,20 @@ def poison_outputs():
     """Within this block, `new_output` fills fresh outputs with NaN (tests: unwritten elements show)."""
     previous = getattr(_POISON, "on", False)
     _POISON.on = True
+    with _POISON_LOCK:
+        _POISON_BLOCKS[0] += 1
     try:
         yield
     finally:
         _POISON.on = previous
+        with _POISON_LOCK:
+            _POISON_BLOCKS[0] -= 1
 
 
 def poisoning() -> bool:
-    """True inside `poison_outputs()` on this thread."""
-    return getattr(_POISON, "on", False)
+    """True inside `poison_outputs()` on this thread (asked on every kernel call and output:
+    a thread-local read costs ~0.3 us, the count of open blocks ~0.03)."""
+    return _POISON_BLOCKS[0] > 0 and getattr(_POISON, "on", False)
 
 
 def new_output(shape: tuple[int, ...] | torch.Size, like: torch.Tensor,

@@ -3,6 +3,8 @@ order, and the measured choice's entry point), probes, output poisoning, the laz
 the C++ build's cache key. Measurement itself: test_tuning.py."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -100,6 +102,28 @@ def test_poisoned_outputs_are_nan_only_inside_the_block() -> None:
     with poison_outputs():
         assert new_output((3, 4), like).isnan().all()
         assert new_output((3,), like, torch.int64).dtype == torch.int64
+    assert registry.poisoning() is False
+
+
+def test_poisoning_is_per_thread_and_nests() -> None:
+    seen: dict[str, bool] = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        inside.wait(10)
+        seen["other thread"] = registry.poisoning()
+        done.set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    with poison_outputs():
+        with poison_outputs():
+            seen["nested"] = registry.poisoning()
+        seen["after nested"] = registry.poisoning()
+        inside.set()
+        done.wait(10)
+    worker.join(10)
+    assert seen == {"nested": True, "after nested": True, "other thread": False}
     assert registry.poisoning() is False
 
 
