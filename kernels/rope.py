@@ -70,7 +70,9 @@ def _table(t: torch.Tensor) -> torch.Tensor:
         t = t.unsqueeze(0)  # [S, D] -> [1, S, D]
     elif t.dim() == 4:
         t = t.squeeze(1)  # [B, 1, S, D] -> [B, S, D]
-    return t.to(torch.float32).contiguous()
+    if t.dtype != torch.float32:  # each skipped no-op call is ~1 us: a decode step's tables are tiny
+        t = t.float()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _rotate_back_eager(g: torch.Tensor, cos32: torch.Tensor, sin32: torch.Tensor) -> torch.Tensor:
@@ -136,7 +138,8 @@ def _provider(name: str):
         ops = _ops(name)
         seq_first = _seq_first(q, cos)
         q, k, cos, sin = _heads_first(q, k, cos, sin)
-        q, k = (t.to(_out_dtype(t, cos, sin)) for t in (q, k))  # no copy when the dtype is kept
+        if not q.dtype == k.dtype == cos.dtype == sin.dtype:  # eager's promotion (fp32 tables, bf16 q)
+            q, k = (t.to(_out_dtype(t, cos, sin)) for t in (q, k))  # no copy when the dtype is kept
         cos32, sin32 = _table(cos), _table(sin)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             out = _RopeFn.apply(ops, q, k, cos32, sin32)
