@@ -8,11 +8,13 @@ Throw-away kernels from tuning_cases (isolated data dir, measure mode) count the
 """
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import kernels
-from kernels import choice_memo, registry, tuning
+from kernels import choice_memo, registry, tuning, tuning_store
 from kernels.registry import dispatch, poison_outputs
 from tests.kernels.tuning_cases import _REAL_CPU, N, _work, isolated, toy  # noqa: F401  (fixtures)
 
@@ -80,6 +82,14 @@ def test_any_change_of_what_the_choice_reads_takes_the_full_way(toy, full_way, c
     else:
         call()
     assert len(full_way) == seen + 1
+
+
+def test_the_signature_reads_every_variable_the_choice_reads() -> None:
+    assert tuning.ENV_MODE in choice_memo.ENV_READ  # the choice mode
+    assert "FUSIONLENS_DATA_DIR" in choice_memo.ENV_READ and "FUSIONLENS_DATA_DIR" in inspect.getsource(
+        tuning_store.store_path)  # where the decisions are kept
+    assert "TRITON_INTERPRET" in choice_memo.ENV_READ and "TRITON_INTERPRET" in inspect.getsource(
+        registry.triton_interpreted)  # whether triton runs CPU tensors
 
 
 def test_switching_to_the_order_is_seen_at_once(toy, monkeypatch) -> None:
