@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import sys
 import types
 from contextlib import contextmanager, nullcontext
@@ -39,6 +40,7 @@ import torch.nn.functional as F  # noqa: E402
 import kernels  # noqa: E402
 from benchmarks.harness import append_rows, interleave, percentiles, print_table, timing_rows  # noqa: E402
 from kernels import choice_memo, provider_choice  # noqa: E402
+from kernels.rope import rotate_half  # noqa: E402  (the reference's own, as transformers writes it)
 
 CSV = "dispatch.csv"
 HEAD_DIM = 128
@@ -50,13 +52,8 @@ def _hf_rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rotate_half(t: torch.Tensor) -> torch.Tensor:
-    a, b = t.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 def cases(rows: int, hidden: int, device: str) -> dict[str, tuple]:
-    """kernel -> (eager call, ours call, args[, kwargs] for provider_choice); fp32, one decode step."""
+    """kernel -> (eager call, args, kwargs of `kernels.<kernel>`); fp32, one decode step."""
     def t(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device)
 
@@ -65,17 +62,13 @@ def cases(rows: int, hidden: int, device: str) -> dict[str, tuple]:
     q, k, cos, sin = t(1, heads, rows, HEAD_DIM), t(1, heads, rows, HEAD_DIM), t(rows, HEAD_DIM), t(rows, HEAD_DIM)
     scores = t(1, heads, rows, 512)  # attention row over a 512-token cache
     return {
-        "rms_norm": (lambda: _hf_rms(x, w), lambda: kernels.rms_norm(x, w, 1e-6), (x, w, 1e-6)),
-        "add_rms_norm": (lambda: (lambda s: (s, _hf_rms(s, w)))(x + r), lambda: kernels.add_rms_norm(x, r, w, 1e-6),
-                         (x, r, w, 1e-6)),
-        "layer_norm": (lambda: F.layer_norm(x, (hidden,), w, b, 1e-5), lambda: kernels.layer_norm(x, w, b, 1e-5),
-                       (x, w, b, 1e-5)),
-        "gelu": (lambda: F.gelu(x, approximate="tanh"), lambda: kernels.gelu(x, "tanh"), (x, "tanh")),
-        "swiglu": (lambda: F.silu(x) * g, lambda: kernels.swiglu(x, g), (x, g)),
-        "softmax": (lambda: F.softmax(scores * 0.0884, dim=-1), lambda: kernels.softmax(scores, scale=0.0884),
-                    (scores,), {"scale": 0.0884}),
-        "rope": (lambda: (q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin),
-                 lambda: kernels.rope(q, k, cos, sin), (q, k, cos, sin)),
+        "rms_norm": (lambda: _hf_rms(x, w), (x, w, 1e-6), {}),
+        "add_rms_norm": (lambda: (lambda s: (s, _hf_rms(s, w)))(x + r), (x, r, w, 1e-6), {}),
+        "layer_norm": (lambda: F.layer_norm(x, (hidden,), w, b, 1e-5), (x, w, b, 1e-5), {}),
+        "gelu": (lambda: F.gelu(x, approximate="tanh"), (x, "tanh"), {}),
+        "swiglu": (lambda: F.silu(x) * g, (x, g), {}),
+        "softmax": (lambda: F.softmax(scores * 0.0884, dim=-1), (scores,), {"scale": 0.0884}),
+        "rope": (lambda: (q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin), (q, k, cos, sin), {}),
     }
 
 
@@ -174,9 +167,8 @@ def main() -> None:
         torch.set_num_threads(threads)
         for rows in (int(v) for v in args.rows.split(",")):
             for hidden in (int(v) for v in args.hidden.split(",")):
-                for name, case in cases(rows, hidden, args.device).items():
-                    eager, ours, call = case[0], case[1], case[2]
-                    kw = case[3] if len(case) > 3 else {}
+                for name, (eager, call, kw) in cases(rows, hidden, args.device).items():
+                    ours = functools.partial(getattr(kernels, name), *call, **kw)
                     with torch.no_grad():
                         picked = provider_choice(name, *call, **kw).provider  # decided before timing
                         t = interleave({"eager": eager, "ours": ours, "ours_no_memo": memo_off(ours)},

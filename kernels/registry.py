@@ -325,11 +325,16 @@ def memo_allowed() -> bool:
     return choice_memo.ENABLED and not (torch._C._get_tracing_state() is not None or poisoning() or plain_ops_only())
 
 
-def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
-    """None if `provider` can run this call of `spec`, else the reason it cannot."""
+def _missing(spec: KernelSpec, provider: str) -> str | None:
+    """Why `spec` cannot run `provider` on any call: it has none, or this machine cannot run it."""
     if provider != "reference" and provider not in spec.providers:
         return f"{spec.name} has no {provider} provider"
-    reason = provider_unavailable_reason(provider)
+    return provider_unavailable_reason(provider)
+
+
+def why_not(spec: KernelSpec, provider: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """None if `provider` can run this call of `spec`, else the reason it cannot."""
+    reason = _missing(spec, provider)
     if reason:
         return reason
     device = _device_type(args)
@@ -397,8 +402,7 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
     if by_measurement and not torch.compiler.is_compiling():  # tracing sees only the order's code
         if memo_allowed():  # an identical call answered from a stored decision before
             known = choice_memo.get(choice_memo.signature(spec.name, args, kwargs))
-            if known is not None and (known == "reference" or known in spec.providers) \
-                    and provider_unavailable_reason(known) is None:
+            if known is not None and _missing(spec, known) is None:  # the call's own checks passed before
                 return known, {}
         from kernels import tuning  # tuning imports this module
 

@@ -34,9 +34,7 @@ from typing import Any
 
 import torch
 
-from profiler.capture.formulas import FLOP_FORMULAS, _first_out, _packets, numel, register_flops
-
-aten = torch.ops.aten
+from profiler.capture.formulas import FLOP_FORMULAS, _first_out, _packets, aten, numel, register_flops
 
 
 def _grouped_extent(offs: Any, full: int) -> int:
@@ -183,7 +181,6 @@ def group_norm_flops(x, weight, bias, n, c, hxw, group, *args, out_val=None, **k
 @register_flops(*_packets("native_group_norm_backward"))
 def group_norm_backward_flops(grad, x, *args, out_val=None, **kwargs) -> int:
     return 13 * numel(x)
-
 
 
 register_flops(*_packets("addmm_"))(FLOP_FORMULAS[aten.addmm])  # same schema: torch's rule
