@@ -91,10 +91,12 @@ def put(sig: tuple | None, provider: str, since: int) -> None:
         _memo[sig] = provider
 
 
-def remember(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], provider: str, since: int) -> None:
-    """`put` under the call's signature (computed only when the memo is on)."""
+def remember(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], provider: str, since: int,
+             sig: Any = ...) -> None:
+    """`put` under the call's signature: `sig` when the caller has computed it already (a memo
+    miss in `registry.select_provider`), else computed here, only when the memo is on."""
     if ENABLED:
-        put(signature(name, args, kwargs), provider, since)
+        put(signature(name, args, kwargs) if sig is ... else sig, provider, since)
 
 
 def clear() -> None:

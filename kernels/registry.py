@@ -400,13 +400,15 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
             raise ValueError(f"{spec.name}: provider {provider!r} unavailable: {reason}")
         return provider, {}
     if by_measurement and not torch.compiler.is_compiling():  # tracing sees only the order's code
+        sig: Any = ...  # not computed: the memo may not answer now
         if memo_allowed():  # an identical call answered from a stored decision before
-            known = choice_memo.get(choice_memo.signature(spec.name, args, kwargs))
+            sig = choice_memo.signature(spec.name, args, kwargs)
+            known = choice_memo.get(sig)
             if known is not None and _missing(spec, known) is None:  # the call's own checks passed before
                 return known, {}
         from kernels import tuning  # tuning imports this module
 
-        choice = tuning.choose(spec, args, kwargs)
+        choice = tuning.choose(spec, args, kwargs, signature=sig)  # a miss: remembered under `sig`
         return choice.provider, dict(choice.skipped)
     skipped: dict[str, str] = {}
     for p, reason in _candidates(spec, args, kwargs):  # lazily: stop at the first runnable one

@@ -397,12 +397,12 @@ def _from_record(spec: KernelSpec, rec: dict, how: str, key: str, skipped: Mappi
 
 
 def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
-           report: bool = False) -> Choice:
+           report: bool = False, signature: Any = ...) -> Choice:
     """The automatic provider of this call: measured once per key, then reused.
 
     report=True also fills `skipped` for every provider on a reused decision (the UI's view);
     dispatch leaves it off, so a reused decision costs one support check of the chosen provider.
-    """
+    `signature`: the call's `choice_memo.signature` when the caller computed it already."""
     if mode() == "order":
         return _order_choice(spec, args, kwargs, f"{ENV_MODE}=order", report)
     if _tracing() or registry.poisoning():  # no key, no lookup: the order
@@ -419,7 +419,7 @@ def choose(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any], *
             return _from_record(spec, found.record, found.how, key, skipped)
         if found.memo is None:
             found.memo = _from_record(spec, found.record, found.how, key, {})
-        choice_memo.remember(spec.name, args, kwargs, found.memo.provider, since)  # for identical calls
+        choice_memo.remember(spec.name, args, kwargs, found.memo.provider, since, signature)  # identical calls
         return found.memo
     runnable, skipped = registry.runnable_providers(spec, args, kwargs)
     if not spec.reference_measured and len(runnable) > 1:

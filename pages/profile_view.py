@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 import pandas as pd
 
 from profiler.capture.backends import CaptureError, CapturePlan
-from profiler.capture.spec import setting_value
+from profiler.capture.spec import setting_item
 from profiler.errors import FusionLensError
 from profiler.present.units import si
 
@@ -110,15 +110,11 @@ def usable(options: Mapping[str, Optional[str]], first: str = "kineto") -> list[
 
 def parse_settings(text: str) -> dict[str, Any]:
     """'layers=2, dim=64' -> {'layers': 2, 'dim': 64} (int, float, bool or str values)."""
-    out: dict[str, Any] = {}
-    for item in (part.strip() for part in text.replace("\n", ",").split(",")):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip().isidentifier() or not value.strip():
-            raise ProfileInputError(f"settings: expected KEY=VALUE, got {item!r}")
-        out[key.strip()] = setting_value(value)
-    return out
+    items = (part.strip() for part in text.replace("\n", ",").split(","))
+    try:
+        return dict(setting_item(item) for item in items if item)
+    except ValueError as exc:
+        raise ProfileInputError(f"settings: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,15 @@ def setting_value(text: str) -> Any:
     return text
 
 
+def setting_item(item: str) -> tuple[str, Any]:
+    """One 'KEY=VALUE' setting (`--set`, the Profile page) -> (key, typed value); ValueError
+    naming the item when the key is not an identifier or the value is empty."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip().isidentifier() or not value.strip():
+        raise ValueError(f"expected KEY=VALUE, got {item!r}")
+    return key.strip(), setting_value(value)
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A resolved spec: the model, its inputs, and how it was made (kind: zoo, hf, file, module)."""

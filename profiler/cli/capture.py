@@ -60,15 +60,12 @@ def dtype_name(value: str) -> str:
 
 def parse_settings(items: list[str]) -> dict[str, Any]:
     """--set KEY=VALUE items -> {key: int | float | bool | str}."""
-    from profiler.capture.spec import setting_value
+    from profiler.capture.spec import setting_item
 
-    out = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = setting_value(val)
-    return out
+    try:
+        return dict(setting_item(item) for item in items)
+    except ValueError as exc:
+        raise UsageError(f"--set: {exc}") from None
 
 
 def check_out_dir(out: Path) -> None:

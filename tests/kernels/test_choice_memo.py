@@ -185,3 +185,21 @@ def test_real_kernels_answer_the_same_through_the_memo(full_way) -> None:
     for memo_answer, full_answer, reference in zip(again, settled, references):
         assert torch.equal(memo_answer, full_answer)  # the same provider ran
         torch.testing.assert_close(memo_answer, reference)
+
+
+def test_a_miss_computes_the_signature_once(toy, monkeypatch) -> None:
+    """select_provider hands the signature it looked up to `choose`, which remembers under it."""
+    spec = toy(cpu=20, aten=1)
+    x = torch.randn(N)
+    dispatch(spec.name, x)  # measures and stores the decision
+    real, seen = choice_memo.signature, []
+
+    def counted(*args, **kwargs):
+        seen.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(choice_memo, "signature", counted)
+    dispatch(spec.name, x)  # a miss answered from the stored decision: remembered
+    assert seen == [spec.name] and choice_memo.get(real(spec.name, (x,), {})) == "aten"
+    dispatch(spec.name, x)  # the memo answers
+    assert seen == [spec.name, spec.name]

@@ -7,7 +7,7 @@ import torch
 from profiler.capture import hf
 from profiler.capture.backends import CaptureError, CapturePlan
 from profiler.capture.runner import capture, loss_of, prepare
-from profiler.capture.spec import SpecError, load_spec, setting_value
+from profiler.capture.spec import SpecError, load_spec, setting_item, setting_value
 from profiler.errors import FusionLensError
 
 
@@ -208,3 +208,21 @@ def test_out_of_memory_in_a_step_is_one_line(tmp_path):
     with pytest.raises(SpecError, match="ran out of memory") as info:
         capture(f"{path}:build", CapturePlan(mode="infer", wait=0, warmup=0, active=1), tmp_path / "out")
     assert "\n" not in str(info.value) and "greedy.py:build" in str(info.value)
+
+
+def test_setting_item_is_the_one_parser_of_the_cli_and_the_page():
+    """`--set` and the Profile page's settings field parse each KEY=VALUE item the same way."""
+    from pages.profile_view import ProfileInputError, parse_settings as page_settings
+    from profiler.cli.capture import UsageError, parse_settings as cli_settings
+
+    assert setting_item(" layers = 2 ") == ("layers", 2)
+    assert setting_item("tie=False") == ("tie", False) and setting_item("act=gelu") == ("act", "gelu")
+    items = ["layers=2", "lr=0.5", "name=x"]
+    assert cli_settings(items) == page_settings(", ".join(items)) == {"layers": 2, "lr": 0.5, "name": "x"}
+    for bad in ("layers", "=3", "2x=1", "a=", "a= "):
+        with pytest.raises(ValueError, match="expected KEY=VALUE"):
+            setting_item(bad)
+        with pytest.raises(UsageError, match=r"^--set: expected KEY=VALUE"):
+            cli_settings(["layers=2", bad])
+        with pytest.raises(ProfileInputError, match=r"^settings: expected KEY=VALUE"):
+            page_settings(f"layers=2, {bad}")
