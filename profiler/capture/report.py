@@ -110,7 +110,7 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str, out
                     ceilings = again
                     table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
                 if table.empty:
-                    reason = "no op carries FLOPs and bytes (was the FLOPs pass off?)"
+                    reason = empty_roofline_reason(trace, plan)
     if table is None or table.empty:
         (out_dir / "roofline_missing.txt").write_text(f"{reason}\n")
         return None, reason, None, None
@@ -120,6 +120,16 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str, out
         return path, None, ceilings, None
     modules.to_csv(out_dir / MODULES_CSV, index=False)  # per nn.Module (forward and backward ops together)
     return path, None, ceilings, out_dir / MODULES_CSV
+
+
+def empty_roofline_reason(trace: Any, plan: CapturePlan) -> str:
+    """Why no op made it into the roofline table: the pass was off, or the profiled steps ran no
+    op (a model whose forward returns without touching a tensor), or none of them was costed."""
+    if not plan.flops:
+        return "no op carries FLOPs and bytes: the FLOPs pass was off"
+    if not (trace.events["kind"] == "cpu_op").any():
+        return "the profiled steps ran no tensor op (nothing to place on the roofline)"
+    return "no op carries FLOPs and bytes (none of the profiled ops was joined to the FLOPs pass)"
 
 
 def summarise(result: CaptureResult) -> dict[str, Any]:

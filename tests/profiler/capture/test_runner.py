@@ -94,6 +94,25 @@ def test_flops_pass_can_be_turned_off(tmp_path):
     res = capture("mlp", CapturePlan(mode="infer", wait=0, warmup=0, active=1, flops=False), tmp_path, size="tiny")
     assert res.trace.events["flops"].isna().all()
     assert "turned off" in res.sources_off["flops"]
+    from profiler.capture.report import empty_roofline_reason
+
+    # an empty roofline says why: the pass was off, or (pass on) no op was joined to it
+    assert "the FLOPs pass was off" in empty_roofline_reason(res.trace, CapturePlan(flops=False))
+    assert "none of the profiled ops was joined" in empty_roofline_reason(res.trace, CapturePlan(mode="infer"))
+
+
+def test_an_empty_roofline_of_a_model_without_ops_says_so(tmp_path):
+    """A forward that returns without a tensor op: the note used to ask whether the FLOPs pass was
+    off, though it was on; it says the steps ran no op."""
+    spec = tmp_path / "noop.py"
+    spec.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return 3\n"
+                    "def build():\n    return M(), (torch.zeros(2),)\n")
+    from profiler.cli import main
+
+    assert main(["capture", f"{spec}:build", "--mode", "infer", "--steps", "1", "--ceilings", "quick",
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    note = (tmp_path / "out" / "roofline_missing.txt").read_text()
+    assert note.strip() == "the profiled steps ran no tensor op (nothing to place on the roofline)"
 
 
 @pytest.mark.parametrize("mode", ["infer", "train"])
