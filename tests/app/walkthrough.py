@@ -106,6 +106,9 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
         compiled.write_text("import torch\n\ndef build():\n    m = torch.nn.Sequential(torch.nn.Linear(64, 256), "
                             "torch.nn.GELU(), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64))\n"
                             "    return torch.compile(m), (torch.randn(32, 64),)\n")
+        noop = Path(tmp) / "noop.py"  # runs no tensor op: the roofline says so instead of a chart
+        noop.write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return 3\n\n"
+                        "def build():\n    return M(), (torch.zeros(2),)\n")
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
                 ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
@@ -113,7 +116,8 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 ("hf_blt_train", "hf:blt", "train", None),  # four models in one (byte encoder, global, decoder, patcher)
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build"),
-                ("compiled_spec", None, "train", f"{compiled}:build")]
+                ("compiled_spec", None, "train", f"{compiled}:build"),
+                ("noop_model", None, "infer", f"{noop}:build")]
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         for label, zoo, mode, spec in runs:
             if only and not any(s in label for s in only):
