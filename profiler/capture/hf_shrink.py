@@ -104,6 +104,25 @@ def grouped_kv_heads(heads: Any, kv_heads: Any, preset_heads: int) -> int | None
     return max(d for d in range(1, target + 1) if preset_heads % d == 0)
 
 
+def unset(cfg: Any, field: str) -> bool:
+    """The config has `field` and it reads as None (a default config that leaves a size the model
+    needs to the checkpoint); False where reading it raises (a per-layer attribute)."""
+    try:
+        return has(cfg, field) and getattr(cfg, field) is None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@shrink_rule
+def _lfm2_layer_kinds(cfg: Any, s: dict) -> None:
+    """LFM2-MoE's default config leaves layer_types None, which its layers index: its two kinds,
+    attention and short convolution, alternate from an attention layer (with a convolution first,
+    the model's cache raises StopIteration measuring its length at two layers); at least one of each
+    (the next rule grows the layer count to match)."""
+    if unset(cfg, "layer_types") and has(cfg, "conv_L_cache"):
+        put(cfg, "layer_types", ["full_attention" if i % 2 == 0 else "conv" for i in range(max(s["layers"], 2))])
+
+
 @shrink_rule
 def _every_layer_kind(cfg: Any, s: dict) -> None:
     """Hybrids (linear + full attention, sliding + global; RecurrentGemma's repeating block_types):
@@ -209,10 +228,53 @@ def _experts(cfg: Any, s: dict) -> None:
         if get(cfg, field):
             put(cfg, field, 4)
             moe = True
+    if not moe and get(cfg, "moe_intermediate_size"):  # dots.llm1: an expert width, counts left None
+        for field in EXPERT_FIELDS[:3]:
+            if unset(cfg, field):
+                put(cfg, field, 4)
+                moe = True
+        if moe and unset(cfg, "n_shared_experts"):
+            put(cfg, "n_shared_experts", 1)
     if get(cfg, "num_experts_per_tok") or (moe and has(cfg, "num_experts_per_tok")):
         put(cfg, "num_experts_per_tok", min(cfg.num_experts_per_tok or 2, 2))  # DeepSeek-V2's default is None
     for field in ("n_group", "topk_group", "n_groups"):
         put(cfg, field, 1)
+
+
+@shrink_rule
+def _rope_per_layer_type(cfg: Any, s: dict) -> None:
+    """Cohere Compass's default config has layer types but empty rope_parameters, which its rotary
+    embedding reads per layer type: the default RoPE (theta 10000) for each type."""
+    types = get(cfg, "layer_types")
+    if get(cfg, "rope_parameters") == {} and isinstance(types, list) and types:
+        put(cfg, "rope_parameters", {t: {"rope_type": "default", "rope_theta": 10000.0} for t in dict.fromkeys(types)})
+
+
+@shrink_rule
+def _linear_attention_heads(cfg: Any, s: dict) -> None:
+    """Gated DeltaNet layers (Qwen3-Next, Qwen3.5, Qwen4-Exp, OLMo-Hybrid, Lara) size their own
+    heads: the preset's heads as key heads, value heads at the full model's ratio to them (32 over
+    16 -> 2 a key head), head dims of the width over the heads (they kept 16-32 heads of 128)."""
+    key_heads, value_heads = get(cfg, "linear_num_key_heads"), get(cfg, "linear_num_value_heads")
+    if not (isinstance(key_heads, int) and isinstance(value_heads, int) and key_heads > 0):
+        return
+    put(cfg, "linear_num_key_heads", s["heads"])
+    put(cfg, "linear_num_value_heads", s["heads"] * max(value_heads // key_heads, 1))
+    for field in ("linear_key_head_dim", "linear_value_head_dim"):
+        if get(cfg, field):
+            put(cfg, field, s["dim"] // s["heads"])
+
+
+@shrink_rule
+def _sparse_attention_indexer(cfg: Any, s: dict) -> None:
+    """Qwen4-Exp's default config leaves the sizes of its sparse-attention indexer None (the model
+    divides them): 2 heads over 1 KV head at the model's head dim, a budget of 8 tokens in blocks
+    of 4 (a fraction of the preset's sequence, so the indexer still selects)."""
+    sizes = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": s["dim"] // s["heads"],
+             "indexer_budget": 8, "indexer_compress_ratio": 4}
+    for field, value in sizes.items():
+        if unset(cfg, field):
+            put(cfg, field, value)
 
 
 @shrink_rule
