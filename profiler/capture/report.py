@@ -123,13 +123,17 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str, out
 
 
 def empty_roofline_reason(trace: Any, plan: CapturePlan) -> str:
-    """Why no op made it into the roofline table: the pass was off, or the profiled steps ran no
-    op (a model whose forward returns without touching a tensor), or none of them was costed."""
+    """Why no op made it into the roofline table: the pass was off, the profiled steps ran no op
+    (a forward that returns without touching a tensor), none was joined to the pass, or those
+    joined did no work (views only) in measurable time (`roofline_points` drops such rows)."""
     if not plan.flops:
         return "no op carries FLOPs and bytes: the FLOPs pass was off"
-    if not (trace.events["kind"] == "cpu_op").any():
+    ops = trace.events[trace.events["kind"] == "cpu_op"]
+    if ops.empty:
         return "the profiled steps ran no tensor op (nothing to place on the roofline)"
-    return "no op carries FLOPs and bytes (none of the profiled ops was joined to the FLOPs pass)"
+    if ops["flops"].isna().all():
+        return "no op carries FLOPs and bytes (none of the profiled ops was joined to the FLOPs pass)"
+    return "the profiled ops did no FLOPs and moved no bytes (views only), or took no measurable time"
 
 
 def summarise(result: CaptureResult) -> dict[str, Any]:

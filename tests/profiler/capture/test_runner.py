@@ -101,18 +101,21 @@ def test_flops_pass_can_be_turned_off(tmp_path):
     assert "none of the profiled ops was joined" in empty_roofline_reason(res.trace, CapturePlan(mode="infer"))
 
 
-def test_an_empty_roofline_of_a_model_without_ops_says_so(tmp_path):
-    """A forward that returns without a tensor op: the note used to ask whether the FLOPs pass was
-    off, though it was on; it says the steps ran no op."""
-    spec = tmp_path / "noop.py"
-    spec.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return 3\n"
-                    "def build():\n    return M(), (torch.zeros(2),)\n")
+@pytest.mark.parametrize("forward, note", [
+    ("return 3", "the profiled steps ran no tensor op (nothing to place on the roofline)"),
+    ("return x.transpose(0, 1)", "the profiled ops did no FLOPs and moved no bytes (views only), or took no "
+                                 "measurable time")])
+def test_an_empty_roofline_says_why(tmp_path, forward, note):
+    """A forward without a tensor op, or with views only: the note used to ask whether the FLOPs
+    pass was off, though it was on."""
+    spec = tmp_path / "model.py"
+    spec.write_text(f"import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        {forward}\n"
+                    "def build():\n    return M(), (torch.zeros(2, 3),)\n")
     from profiler.cli import main
 
     assert main(["capture", f"{spec}:build", "--mode", "infer", "--steps", "1", "--ceilings", "quick",
                  "--out", str(tmp_path / "out"), "--quiet"]) == 0
-    note = (tmp_path / "out" / "roofline_missing.txt").read_text()
-    assert note.strip() == "the profiled steps ran no tensor op (nothing to place on the roofline)"
+    assert (tmp_path / "out" / "roofline_missing.txt").read_text().strip() == note
 
 
 @pytest.mark.parametrize("mode", ["infer", "train"])
