@@ -31,7 +31,8 @@ FFN_FIELDS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_di
               "ffn_hidden_size", "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner",
               "expert_ffn_hidden_size")
 # MoE: 4 experts (LongCat's identity "zero experts" too), top-2, one group
-EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "zero_expert_num")
+EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+EXPERT_FIELDS = (*EXPERT_COUNT_FIELDS, "zero_expert_num")
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 RECURRENT_KINDS = ("linear_attention", "mamba", "recurrent", "mamba2", "ssm")
 
@@ -229,7 +230,7 @@ def _experts(cfg: Any, s: dict) -> None:
             put(cfg, field, 4)
             moe = True
     if not moe and get(cfg, "moe_intermediate_size"):  # dots.llm1: an expert width, counts left None
-        for field in EXPERT_FIELDS[:3]:
+        for field in EXPERT_COUNT_FIELDS:
             if unset(cfg, field):
                 put(cfg, field, 4)
                 moe = True
