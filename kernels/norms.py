@@ -12,6 +12,9 @@ Semantics follow the models they replace:
   casting="gemma" (HF GemmaRMSNorm; the default when offset != 0): all in fp32, cast once:
   `(x.float() * rsqrt(...) * (offset + weight.float())).to(x.dtype)`.
 - add_*: `s = x + residual` (rounded to the dtype, as eager does), then the norm of `s`.
+- Under `torch.autocast` on a GPU, layer_norm and add_layer_norm follow F.layer_norm's fp32 policy
+  there (bf16/fp16 inputs up-cast, fp32 normed output), whichever provider runs
+  (`kernels/autocast.py`); RMSNorm's casts are HF's, explicit, and autocast leaves them.
 - Mixed precision: weight and bias may be fp32 on a bf16/fp16 x (fused, grads in fp32). The output
   has eager's dtype: x's, except llama casting, where `fp32 weight * normed.to(x.dtype)` is fp32
   (one kernel writes it in fp32; `kernels/norm_function._y_dtype`).
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.autocast import AutocastRule, up
 from kernels.norm_function import apply_norm
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost, register_kernel, register_op_cost
 
@@ -279,6 +283,18 @@ def _aten_rms(x, weight=None, eps=1e-6, offset=0.0, casting=None):
     return F.rms_norm(x, (x.shape[-1],), None if weight is None else offset + weight, eps)
 
 
+def _ln_autocast(x, weight=None, bias=None, eps=1e-5, provider=None):
+    """Under a GPU autocast region: F.layer_norm's fp32 policy (inputs up-cast, fp32 output)."""
+    return dispatch("layer_norm", up(x), up(weight), up(bias), eps, provider=provider)
+
+
+def _add_ln_autocast(x, residual, weight=None, bias=None, eps=1e-5, provider=None):
+    """Eager's chain under a GPU autocast region: the add in the inputs' dtype (autocast leaves
+    it), then F.layer_norm in fp32."""
+    s = x + residual
+    return s, _ln_autocast(s, weight, bias, eps, provider)
+
+
 _SUPPORTS = Supports(check=_norm_fits)
 _ADD_SUPPORTS = Supports(check=_add_norm_fits)
 
@@ -286,7 +302,8 @@ LAYER_NORM = register_kernel(KernelSpec(
     "layer_norm", layer_norm_reference,
     {"cpu": _ln("cpu"), "triton": _ln("triton"), "aten": _aten_ln},
     _SUPPORTS, _ln_cost, "LayerNorm over the last dim, optional weight and bias",
-    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes}))
+    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes},
+    autocast=AutocastRule("layer_norm", _ln_autocast)))
 RMS_NORM = register_kernel(KernelSpec(
     "rms_norm", rms_norm_reference,
     {"cpu": _rms("cpu"), "triton": _rms("triton"), "aten": _aten_rms},
@@ -296,7 +313,8 @@ ADD_LAYER_NORM = register_kernel(KernelSpec(
     "add_layer_norm", add_layer_norm_reference,
     {"cpu": _add_ln("cpu"), "triton": _add_ln("triton"), "aten": _aten_add_ln},
     _ADD_SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)",
-    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes}))
+    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes},
+    autocast=AutocastRule("layer_norm", _add_ln_autocast)))
 ADD_RMS_NORM = register_kernel(KernelSpec(
     "add_rms_norm", add_rms_norm_reference,
     {"cpu": _add_rms("cpu"), "triton": _add_rms("triton")},

@@ -33,6 +33,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from kernels import _alloc, choice_memo
+from kernels.autocast import AutocastRule, upcast_now
 
 # Provider preference per device type. "reference" (eager composition) is always last.
 PROVIDER_ORDER: dict[str, tuple[str, ...]] = {
@@ -90,6 +91,9 @@ class KernelSpec:
     # as this call does (a fused linear + CE on a few of its token chunks), or None to time the
     # call itself. The decision is still kept under the full call's key.
     measure_call: Callable[..., tuple | None] | None = None
+    # Optional: the eager op whose autocast policy the kernel follows, and how it computes a call
+    # eager would up-cast to fp32 (`kernels/autocast.py`); `dispatch` runs it in that case.
+    autocast: AutocastRule | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -421,6 +425,8 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
 def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) -> Any:
     """Run kernel `name` with the requested provider, or the automatic (measured) choice."""
     spec = KERNELS[name]
+    if spec.autocast is not None and upcast_now(spec.autocast.op, args, kwargs):  # as eager's autocast
+        return spec.autocast.call(*args, provider=provider, **kwargs)
     chosen, _ = select_provider(spec, args, kwargs, provider, by_measurement=provider is None)
     fn = spec.reference if chosen == "reference" else spec.providers[chosen]
     if torch.compiler.is_compiling():

@@ -10,6 +10,8 @@ Semantics (those of `softmax_reference`, the truth for tests):
   fp32 mask on bf16 scores gives fp32 probabilities (x is converted first and the kernel runs in
   fp32). Boolean masks are rejected with a message (turn keep-masks into 0 / -inf with
   `torch.where`).
+- Under `torch.autocast` on a GPU, F.softmax's fp32 policy there: a bf16/fp16 x is up-cast and the
+  probabilities are fp32, whichever provider runs (`kernels/autocast.py`).
 - `causal`: over the last two dims, query i sees keys j <= i + (S_k - S_q) (aligned to the end,
   as in KV-cache decoding); needs dim = -1. A 1-D x is one query row.
 - A row whose every logit is -inf (fully masked) gives NaN, like eager's softmax; NaN or +Inf in a
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.autocast import AutocastRule, up
 from kernels.double_backward import eager_backward
 from kernels.providers import provider_ops
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output,
@@ -178,12 +181,19 @@ def _bwd_op(grad, y, grad_x, scale, causal, **_: Any) -> Cost:
     return op_only_cost((4.0 + (scale != 1.0)) * n, io_bytes(grad, y, grad_x))
 
 
+def _autocast(x, dim=-1, scale=1.0, mask=None, causal=False, provider=None):
+    """Under a GPU autocast region: F.softmax's fp32 policy (x up-cast, fp32 probabilities; a
+    bf16/fp16 mask too: the fp32 kernel would promote it anyway)."""
+    return dispatch("softmax", up(x), dim, scale, up(mask), causal, provider=provider)
+
+
 SOFTMAX_SPEC = register_kernel(KernelSpec(
     name="softmax", reference=softmax_reference,
     providers={"cpu": _provider("cpu"), "triton": _provider("triton"), "aten": _aten},
     supports=Supports(check=_check), cost=_cost,
     description="softmax(x * scale + mask) with causal fill in one pass; backward from y alone",
-    provider_checks={"aten": _aten_only_plain}))
+    provider_checks={"aten": _aten_only_plain},
+    autocast=AutocastRule("softmax", _autocast)))
 
 
 # ---------------------------------------------------------------- public API
