@@ -152,10 +152,21 @@ def _add_norm_fits(x, residual, weight=None, bias=None, *_: Any, **__: Any) -> s
     return _fit(x, residual, (weight, bias))
 
 
-def _aten_same_dtypes(x, *args, **kwargs) -> str | None:
-    """F.layer_norm takes fp32 parameters with a bf16/fp16 input on CPU only."""
-    mixed = any(isinstance(t, torch.Tensor) and t.dtype != x.dtype for t in args)
-    return "mixed parameter dtypes: F.layer_norm takes them on CPU only" if mixed and x.device.type != "cpu" else None
+def _aten_ln_dtypes(x, weight=None, bias=None, *_: Any, **__: Any) -> str | None:
+    """F.layer_norm takes parameters in x's dtype or, on CPU only, a bf16/fp16 x with every
+    parameter fp32 (one fp32 and one bf16 parameter raises there)."""
+    params = [t for t in (weight, bias) if isinstance(t, torch.Tensor)]
+    if all(t.dtype == x.dtype for t in params):
+        return None
+    if x.device.type != "cpu":
+        return "mixed parameter dtypes: F.layer_norm takes them on CPU only"
+    if any(t.dtype != torch.float32 for t in params):
+        return "mixed parameter dtypes: F.layer_norm takes them only when every parameter is float32"
+    return None
+
+
+def _aten_add_ln_dtypes(x, residual, weight=None, bias=None, *_: Any, **__: Any) -> str | None:
+    return _aten_ln_dtypes(x, weight, bias)
 
 
 def _triton_fits(x, *args, **kwargs) -> str | None:
@@ -302,7 +313,7 @@ LAYER_NORM = register_kernel(KernelSpec(
     "layer_norm", layer_norm_reference,
     {"cpu": _ln("cpu"), "triton": _ln("triton"), "aten": _aten_ln},
     _SUPPORTS, _ln_cost, "LayerNorm over the last dim, optional weight and bias",
-    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes},
+    provider_checks={"triton": _triton_fits, "aten": _aten_ln_dtypes},
     autocast=AutocastRule("layer_norm", _ln_autocast)))
 RMS_NORM = register_kernel(KernelSpec(
     "rms_norm", rms_norm_reference,
@@ -313,7 +324,7 @@ ADD_LAYER_NORM = register_kernel(KernelSpec(
     "add_layer_norm", add_layer_norm_reference,
     {"cpu": _add_ln("cpu"), "triton": _add_ln("triton"), "aten": _aten_add_ln},
     _ADD_SUPPORTS, _add_ln_cost, "residual add + LayerNorm, returns (sum, normed)",
-    provider_checks={"triton": _triton_fits, "aten": _aten_same_dtypes},
+    provider_checks={"triton": _triton_fits, "aten": _aten_add_ln_dtypes},
     autocast=AutocastRule("layer_norm", _add_ln_autocast)))
 ADD_RMS_NORM = register_kernel(KernelSpec(
     "add_rms_norm", add_rms_norm_reference,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import norms
-from kernels.registry import KERNELS, select_provider
+from kernels.registry import KERNELS, dispatch, select_provider, why_not
 from tests.kernels.norm_cases import CASES
 from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches, eps, fwd_bwd, make,
                                     to_f64, with_nonfinite)
@@ -239,10 +239,32 @@ def test_mixed_precision_is_fused_not_the_reference() -> None:
 
 def test_aten_layer_norm_takes_mixed_parameters_on_cpu_only() -> None:
     x = make((4, 16), torch.bfloat16)
-    w = make((16,), torch.float32, 1)
-    assert norms._aten_same_dtypes(x, w, None, 1e-5) is None
-    assert "CPU only" in norms._aten_same_dtypes(x.to("meta"), w.to("meta"), None, 1e-5)
-    assert norms._aten_same_dtypes(x.to("meta"), w.to("meta").bfloat16(), None, 1e-5) is None
+    w, b = make((16,), torch.float32, 1), make((16,), torch.float32, 2)
+    assert norms._aten_ln_dtypes(x, w, None, 1e-5) is None
+    assert norms._aten_ln_dtypes(x, w, b, 1e-5) is None
+    assert "CPU only" in norms._aten_ln_dtypes(x.to("meta"), w.to("meta"), None, 1e-5)
+    assert norms._aten_ln_dtypes(x.to("meta"), w.to("meta").bfloat16(), None, 1e-5) is None
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+@pytest.mark.parametrize("params", [("float32", "bfloat16"), ("bfloat16", "float32"), ("float16", "float32")])
+def test_aten_refuses_what_f_layer_norm_raises_on(name: str, params: tuple[str, str]) -> None:
+    """One fp32 and one low-precision parameter: F.layer_norm raises on CPU ("expect parameter to
+    have scalar type of Float"), so the aten provider says why instead; the others run it."""
+    x = make((4, 16), torch.bfloat16)
+    w, b = (make((16,), getattr(torch, d), i) for i, d in enumerate(params, 1))
+    args = (x, w, b, 1e-5) if name == "layer_norm" else (x, x.clone(), w, b, 1e-5)
+    with pytest.raises(RuntimeError):
+        F.layer_norm(x, (16,), w, b)
+    assert why_not(KERNELS[name], "aten", args, {})  # ours, or the kernel's own check (fp16 on bf16)
+    with pytest.raises(ValueError, match="aten.*unavailable"):
+        dispatch(name, *args, provider="aten")
+    ref = dispatch(name, *args, provider="reference")
+    chosen, _ = select_provider(KERNELS[name], args, {})
+    out = dispatch(name, *args, provider=chosen)
+    for a, e in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+        assert a.dtype == e.dtype
+        torch.testing.assert_close(a.float(), e.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_explicit_triton_without_gpu_or_interpreter_raises_with_reason(monkeypatch) -> None:

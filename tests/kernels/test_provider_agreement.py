@@ -1,0 +1,72 @@
+"""Every provider a call admits gives what the reference gives: the same dtypes, close values.
+
+The measured choice may pick any provider `why_not` lets run, so a provider that admits a call
+and then raises, or returns another dtype, makes the result depend on timing. This walks every
+combination of fp32/bf16/fp16 over each kernel's tensor arguments (mixed parameters, masks,
+tables, residuals) on CPU; where the eager reference raises, the providers must raise too. It found the aten LayerNorm admitting one fp32 and one bf16 parameter,
+which F.layer_norm raises on.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kernels.registry import KERNELS, dispatch, why_not
+from tests.kernels.numerics import DTYPES, make
+
+
+def _calls(name: str):
+    """(args, kwargs) of `name` for every dtype combination of its tensors (x's dtype first)."""
+    for i, (dx, dp, dq) in enumerate(itertools.product(DTYPES, DTYPES, DTYPES)):
+        x, r = make((3, 37), dx, i), make((3, 37), dx, i + 1)
+        w, b, other = make((37,), dp, i + 2), make((37,), dq, i + 3), make((3, 37), dp, i + 4)
+        q, k = make((1, 2, 3, 16), dx, i + 5), make((1, 1, 3, 16), dp, i + 6)
+        cos, sin = make((3, 16), dq, i + 7), make((3, 16), dq, i + 8)
+        yield from {
+            "layer_norm": [((x, w, b, 1e-5), {})],
+            "rms_norm": [((x, w, 1e-6), {}), ((x, w, 1e-6, 1.0), {})],
+            "add_layer_norm": [((x, r, w, b, 1e-5), {}), ((x, other, w, b, 1e-5), {})],
+            "add_rms_norm": [((x, r, w, 1e-6), {}), ((x, other, w, 1e-6), {})],
+            "gelu": [((x,), {}), ((x, "tanh"), {})],
+            "bias_gelu": [((x, b), {}), ((x, b, "tanh"), {})],
+            "swiglu": [((x, other), {})],
+            "geglu": [((x, other), {}), ((x, other, "tanh"), {})],
+            "softmax": [((x,), {}), ((x,), {"scale": 0.5, "mask": make((1, 37), dp, i), "causal": True})],
+            "rope": [((q, k, cos, sin), {})],
+            "cross_entropy": [((x, torch.arange(3) * 5), {})],
+            "fused_linear_cross_entropy": [((x, make((11, 37), dp, i + 9), torch.arange(3) * 3), {}),
+                                           ((x, make((11, 37), dp, i + 9), torch.arange(3), make((11,), dq, i)), {})],
+        }.get(name, [])
+
+
+def _tensors(out) -> tuple:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
+STATEFUL = {"adamw_step", "lamb_step"}  # the optimizers' steps mutate their state: test_optim.py
+
+
+@pytest.mark.parametrize("name", sorted(set(KERNELS) - STATEFUL))
+def test_admitted_providers_agree_with_the_reference(cpu_provider, name: str) -> None:
+    spec = KERNELS[name]
+    calls = list(_calls(name))
+    assert calls, f"no cases for {name}: add them here"
+    for args, kwargs in calls:
+        what = (name, [a.dtype for a in args if isinstance(a, torch.Tensor)], kwargs.keys())
+        try:
+            ref = _tensors(dispatch(name, *args, provider="reference", **kwargs))
+        except RuntimeError:  # eager refuses the mix (a linear of bf16 on fp32): so must the providers
+            ref = None
+        for provider in spec.providers:
+            if why_not(spec, provider, args, kwargs):
+                continue
+            if ref is None:
+                with pytest.raises(RuntimeError):
+                    dispatch(name, *args, provider=provider, **kwargs)
+                continue
+            out = _tensors(dispatch(name, *args, provider=provider, **kwargs))
+            assert [t.dtype for t in out] == [t.dtype for t in ref], (provider, *what)
+            for a, e in zip(out, ref):
+                torch.testing.assert_close(a.double(), e.double(), rtol=2e-2, atol=2e-2, msg=f"{provider} {what}")
