@@ -107,7 +107,8 @@ def _aten(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mea
 def _fused(provider: str):
     def run(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
         if logits.stride(-1) != 1:  # a copy autograd records: the saved logits stay connected
-            logits = logits.contiguous()
+            # (clone, not .contiguous(): that returns a [1, 1] or empty view with stride 2 as it is)
+            logits = logits.clone(memory_format=torch.contiguous_format)
         return _CrossEntropyFunction.apply(logits, target, ignore_index, label_smoothing,
                                            reduction, provider, loss_dtype(logits))
 

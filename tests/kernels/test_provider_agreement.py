@@ -45,28 +45,61 @@ def _tensors(out) -> tuple:
     return (out,) if isinstance(out, torch.Tensor) else tuple(out)
 
 
+def _agree(name: str, args: tuple, kwargs: dict, what: tuple) -> None:
+    """Every provider `why_not` admits for this call gives the reference's shapes, dtypes and
+    values (NaN where it has NaN), or raises where the eager reference raises."""
+    spec = KERNELS[name]
+    try:
+        ref = _tensors(dispatch(name, *args, provider="reference", **kwargs))
+    except (RuntimeError, IndexError):  # eager refuses it (a linear of bf16 on fp32, a class index
+        ref = None                      # past an empty vocabulary): so must the providers
+    for provider in spec.providers:
+        if why_not(spec, provider, args, kwargs):
+            continue
+        if ref is None:
+            with pytest.raises((RuntimeError, IndexError)):
+                dispatch(name, *args, provider=provider, **kwargs)
+            continue
+        out = _tensors(dispatch(name, *args, provider=provider, **kwargs))
+        assert [(t.shape, t.dtype) for t in out] == [(t.shape, t.dtype) for t in ref], (provider, *what)
+        for a, e in zip(out, ref):
+            torch.testing.assert_close(a.double(), e.double(), rtol=2e-2, atol=2e-2, equal_nan=True,
+                                       msg=f"{provider} {what}")
+
+
 STATEFUL = {"adamw_step", "lamb_step"}  # the optimizers' steps mutate their state: test_optim.py
 
 
 @pytest.mark.parametrize("name", sorted(set(KERNELS) - STATEFUL))
 def test_admitted_providers_agree_with_the_reference(cpu_provider, name: str) -> None:
-    spec = KERNELS[name]
     calls = list(_calls(name))
     assert calls, f"no cases for {name}: add them here"
     for args, kwargs in calls:
-        what = (name, [a.dtype for a in args if isinstance(a, torch.Tensor)], kwargs.keys())
-        try:
-            ref = _tensors(dispatch(name, *args, provider="reference", **kwargs))
-        except RuntimeError:  # eager refuses the mix (a linear of bf16 on fp32): so must the providers
-            ref = None
-        for provider in spec.providers:
-            if why_not(spec, provider, args, kwargs):
-                continue
-            if ref is None:
-                with pytest.raises(RuntimeError):
-                    dispatch(name, *args, provider=provider, **kwargs)
-                continue
-            out = _tensors(dispatch(name, *args, provider=provider, **kwargs))
-            assert [t.dtype for t in out] == [t.dtype for t in ref], (provider, *what)
-            for a, e in zip(out, ref):
-                torch.testing.assert_close(a.double(), e.double(), rtol=2e-2, atol=2e-2, msg=f"{provider} {what}")
+        _agree(name, args, kwargs, ([a.dtype for a in args if isinstance(a, torch.Tensor)], kwargs.keys()))
+
+
+def _layout_calls(name: str):
+    """(args, kwargs) of `name` over memory layouts and degenerate shapes: empty, one element, a
+    zero-width last dim, batch dims; a [1, 1] or empty view with stride 2 counts as contiguous to
+    torch, and `.contiguous()` returns it as it is (cross_entropy's cpu op refused one)."""
+    for layout, shape, dt in itertools.product(("contiguous", "transposed", "strided"),
+                                               ((0, 8), (1, 1), (5, 0), (3, 37), (2, 3, 5, 16)),
+                                               (torch.float32, torch.bfloat16)):
+        x, o = make(shape, dt, 1, layout=layout), make(shape, dt, 2, layout=layout)
+        n = shape[-1]
+        w, b = make((n,), dt, 3), make((n,), dt, 4)
+        calls = {"layer_norm": (x, w, b, 1e-5), "rms_norm": (x, w, 1e-6), "add_layer_norm": (x, o, w, b, 1e-5),
+                 "add_rms_norm": (x, o, w, 1e-6), "gelu": (x,), "bias_gelu": (x, b), "swiglu": (x, o),
+                 "geglu": (x, o), "softmax": (x,)}
+        if len(shape) == 4:
+            calls["rope"] = (x, o, make(shape[-2:], dt, 5), make(shape[-2:], dt, 6))
+        else:
+            calls["cross_entropy"] = (x, torch.zeros(shape[0], dtype=torch.long))
+        if name in calls:
+            yield calls[name], {}
+
+
+@pytest.mark.parametrize("name", sorted(set(KERNELS) - STATEFUL - {"fused_linear_cross_entropy"}))
+def test_admitted_providers_agree_on_layouts(cpu_provider, name: str) -> None:
+    for args, kwargs in _layout_calls(name):
+        _agree(name, args, kwargs, [(tuple(a.shape), a.stride(), a.dtype) for a in args if isinstance(a, torch.Tensor)])
