@@ -59,8 +59,8 @@ def validate(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise CrossEntropyError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     # On GPU this check would synchronise, under torch.compile it would break the graph and a fake
-    # tensor has no values; the kernels check each row themselves (the C++ ops raise, the Triton
-    # kernels trap).
+    # tensor has no values; the kernels check each row themselves (the C++ ops raise; the Triton
+    # kernels read nothing out of bounds and give that row a NaN loss and gradient).
     if target.device.type == "cpu" and has_data(target):
         v = logits.shape[1]
         bad = (target != ignore_index) & ((target < 0) | (target >= v))

@@ -5,7 +5,10 @@ One program per row of logits [N, V] (unit stride along V), looping over V in BL
 - backward: g * (softmax - (1 - eps) onehot - eps / V) from the logits and the saved lse;
 - fused_: forward then the gradient written over the logits (the chunked linear + CE).
 Traffic per row: forward reads V elements; backward reads V and writes V; fused reads 2V and
-writes V. All math in fp32. Targets must be in [0, V) or ignore_index (not checked on the GPU).
+writes V. All math in fp32. Targets must be in [0, V) or ignore_index: checking them on the host
+would synchronise the GPU, and `tl.device_assert` compiles to nothing outside Triton's debug mode,
+so a row whose target is outside that range reads nothing out of bounds and gets a NaN loss and a
+NaN gradient row instead (eager's CUDA kernel stops the process with a device-side assert).
 
 When V is not a multiple of 16 (GPT-2's 50257), rows start off 16-byte boundaries and the compiler
 can only emit scalar loads; then (PEEL, decided on the host for aligned buffers) each row's few
@@ -74,7 +77,7 @@ def _row_stats(x_row, row_off, V, t, eps, BLOCK: tl.constexpr, PEEL: tl.constexp
             x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
             m, s, sum_x = _online(x, mask, m, s, sum_x)
     lse = m + tl.log(s)
-    xt = tl.load(x_row + t).to(tl.float32)
+    xt = tl.load(x_row + t, mask=(t >= 0) & (t < V), other=float("nan")).to(tl.float32)  # bad target: NaN
     loss = lse - (1.0 - eps) * xt - eps * (sum_x / V)
     return lse, loss
 
@@ -135,8 +138,9 @@ def _ce_backward_kernel(x_ptr, stride_row, t_ptr, lse_ptr, g_ptr, out_ptr, V, ig
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
+    g = tl.where((t >= 0) & (t < V), tl.load(g_ptr + row), float("nan"))  # a bad target's row: NaN
     _row_grad(x_ptr + row * stride_row, out_ptr + row * V, row * V, V, t, tl.load(lse_ptr + row), eps,
-              tl.load(g_ptr + row), ignored, BLOCK, PEEL, VEC)
+              g, ignored, BLOCK, PEEL, VEC)
 
 
 @triton.jit
@@ -148,7 +152,8 @@ def _ce_fused_kernel(x_ptr, t_ptr, loss_ptr, V, ignore_index, eps, scale, BLOCK:
     x_row = x_ptr + row * V
     lse, loss = _row_stats(x_row, row * V, V, tl.where(ignored, 0, t), eps, BLOCK, PEEL, VEC)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
-    _row_grad(x_row, x_row, row * V, V, t, lse, eps, scale, ignored, BLOCK, PEEL, VEC)
+    g = tl.where((t >= 0) & (t < V), scale, float("nan"))  # a bad target's row: NaN
+    _row_grad(x_row, x_row, row * V, V, t, lse, eps, g, ignored, BLOCK, PEEL, VEC)
 
 
 def _launch_args(v: int) -> dict:

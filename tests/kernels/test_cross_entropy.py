@@ -233,6 +233,34 @@ def test_triton_cross_entropy_interpreted() -> None:
 
 
 
+_BAD_TARGET_SCRIPT = """
+import torch
+from kernels.registry import dispatch
+from tests.kernels.numerics import make
+for v in (40, 203):  # 203: rows peeled to their 16-byte boundary
+    x = make((4, v), torch.float32, 1).requires_grad_()
+    t = torch.tensor([3, v, -1, -100])  # in range, past the end, negative, ignored
+    loss = dispatch("cross_entropy", x, t, reduction="none", provider="triton")
+    (g,) = torch.autograd.grad(loss.nan_to_num().sum() + 0 * loss.sum(), x)  # every row's gradient
+    assert loss[0].isfinite() and loss[1:3].isnan().all() and loss[3] == 0, loss
+    assert g[0].isfinite().all() and g[1:3].isnan().all() and (g[3] == 0).all(), g
+w = make((11, 16), torch.float32, 2).requires_grad_()
+h = make((3, 16), torch.float32, 3).requires_grad_()
+out = dispatch("fused_linear_cross_entropy", h, w, torch.tensor([1, 11, 2]), chunk_size=2, provider="triton")
+assert out.isnan(), out
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA GPU present: compiled Triton is checked at real sizes by test_cuda_*")
+def test_triton_bad_targets_read_nothing_out_of_bounds_interpreted() -> None:
+    """Targets are not checked on the GPU (a sync); a row whose target is outside [0, V) and is not
+    ignore_index read logits[target] out of bounds (a segfault in the interpreter, a stray read or
+    an illegal address on a GPU). Now that row's loss and gradient are NaN; the others are exact."""
+    assert run_in_triton_interpreter(_BAD_TARGET_SCRIPT).strip().splitlines()[-1] == "ok"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_triton_rows_are_peeled_only_when_aligned_buffers_have_odd_rows() -> None:
     from kernels.triton_cross_entropy import _peel
