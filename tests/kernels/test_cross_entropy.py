@@ -280,6 +280,22 @@ def test_cuda_triton_cross_entropy_real_sizes() -> None:
         check()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_cuda_triton_bad_targets_are_nan_rows() -> None:
+    """The compiled kernels: a bad target's row is NaN and nothing faults (an illegal address would
+    poison the CUDA context for every later test)."""
+    from kernels.registry import dispatch
+
+    for v in (40, 50257):
+        x = make((4, v), torch.bfloat16, 1).cuda().requires_grad_()
+        t = torch.tensor([3, v, -1, -100], device="cuda")
+        loss = dispatch("cross_entropy", x, t, reduction="none", provider="triton")
+        (g,) = torch.autograd.grad(loss.nan_to_num().sum() + 0 * loss.sum(), x)
+        torch.cuda.synchronize()
+        assert loss[0].isfinite() and loss[1:3].isnan().all() and loss[3] == 0
+        assert g[0].isfinite().all() and g[1:3].isnan().all() and (g[3] == 0).all()
+
+
 ISA_ORDER = ["base", "avx2", "avx512"]
 
 
