@@ -4,12 +4,13 @@ Not a timed benchmark: a compatibility sweep behind the count in docs/capture.md
 built with `profiler.capture.hf.build_hf` (its default config shrunk to the preset), then one
 forward with labels and one backward run; a type gets --timeout-s seconds (SIGALRM). With
 --capture, each type that trains is also captured as a user would (`python -m profiler capture
-hf:TYPE --size SIZE --mode train --steps 1 --ceilings quick`, in this process) and the row keeps
+hf:TYPE --size SIZE --mode MODE --steps 1 --ceilings quick`, in this process; --mode train by
+default, infer for the no-grad forward path, which takes other code in some models) and the row keeps
 the share of its recorded ops the join matched to profiled ones. Rows (model_type, head, status,
 parameters, seconds, error, captured, joined) go to benchmarks/results/hf_sweep.csv, replacing the
 file, with transformers' version and the date in every row.
 
-    .venv/bin/python benchmarks/hf_sweep.py [--size tiny] [--timeout-s 20] [--capture] [TYPE ...]
+    .venv/bin/python benchmarks/hf_sweep.py [--size tiny] [--timeout-s 20] [--capture [--mode infer]] [TYPE ...]
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def sweep_one(model_type: str, size: str, timeout_s: int) -> dict:
     return row
 
 
-def capture_one(model_type: str, size: str, timeout_s: int) -> dict:
+def capture_one(model_type: str, size: str, timeout_s: int, mode: str = "train") -> dict:
     """Capture hf:TYPE through the CLI, in this process: {"captured": "ok" or the error line,
     "joined": the join's match rate}."""
     from profiler.cli import main as cli
@@ -69,7 +70,7 @@ def capture_one(model_type: str, size: str, timeout_s: int) -> dict:
         signal.alarm(timeout_s)
         try:
             with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-                rc = cli(["capture", f"hf:{model_type}", "--size", size, "--mode", "train", "--steps", "1",
+                rc = cli(["capture", f"hf:{model_type}", "--size", size, "--mode", mode, "--steps", "1",
                           "--ceilings", "quick", "--out", out])
             if rc != 0:
                 errors = [line for line in said.getvalue().splitlines() if line.startswith("error")]
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--timeout-s", type=int, default=20)
     ap.add_argument("--capture", action="store_true", help="also capture each type that trains")
+    ap.add_argument("--mode", choices=("train", "infer"), default="train", help="the captures' --mode")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf_sweep.csv"))
     args = ap.parse_args(argv)
     import transformers
@@ -101,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y-%m-%d", time.gmtime())
     rows = []
     for t in types:
-        row = {"date": stamp, "transformers": transformers.__version__, "size": args.size,
+        row = {"date": stamp, "transformers": transformers.__version__, "size": args.size, "mode": args.mode,
                **sweep_one(t, args.size, args.timeout_s), "captured": "", "joined": ""}
         if args.capture and row["status"] == "ok":
-            row.update(capture_one(t, args.size, 3 * args.timeout_s))
+            row.update(capture_one(t, args.size, 3 * args.timeout_s, args.mode))
         rows.append(row)
         print(f"{t:32s} {row['status']:8s} {row['parameters']!s:>11s} {row['seconds']:6.2f}s {row['error'][:90]}"
               f"{'' if not args.capture else ' capture ' + str(row['captured'])[:60] + ' joined ' + str(row['joined'])}",

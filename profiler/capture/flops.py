@@ -283,19 +283,21 @@ def _module_tracker() -> Any:
             return fn
 
         # A tensor autograd cannot hook (a view taken under no_grad of a tensor that requires grad:
-        # Reformer's reversible layers run their blocks inside an autograd Function's forward) made
-        # torch's hooks raise and the whole cost pass fail; the module is still entered and left,
-        # only its backward goes unnamed.
+        # Reformer's reversible layers run their blocks inside an autograd Function's forward;
+        # DBRX's experts pass views of their weights sliced under no_grad in inference) made
+        # torch's hooks raise (AssertionError, or AttributeError where the view's own view has no
+        # grad_fn) and the whole cost pass fail; the module is still entered and left, only its
+        # backward goes unnamed.
         def _fw_pre_hook(self, mod, input) -> None:
             try:
                 super()._fw_pre_hook(mod, input)
-            except AssertionError:
+            except (AssertionError, AttributeError):
                 pass
 
         def _fw_post_hook(self, mod, input, output) -> None:
             try:
                 super()._fw_post_hook(mod, input, output)
-            except AssertionError:
+            except (AssertionError, AttributeError):
                 pass
 
     return OrderedModuleTracker()

@@ -279,6 +279,21 @@ def _sparse_attention_indexer(cfg: Any, s: dict) -> None:
 
 
 @shrink_rule
+def _dbrx_attention(cfg: Any, s: dict) -> None:
+    """DBRX's default attention config breaks its own model: the attention reads
+    `attn_config.rope_theta`, which transformers 5 moved to the top config's `rope_parameters`
+    (copied down), and clamps q/k/v with `clip_qkv`, None by default, which torch.clamp refuses
+    (8, the released DBRX's value)."""
+    attn, params = get(cfg, "attn_config"), get(cfg, "rope_parameters")
+    if attn is None or not has(attn, "clip_qkv"):
+        return
+    if not has(attn, "rope_theta") and isinstance(params, dict) and "rope_theta" in params:
+        attn.rope_theta = params["rope_theta"]
+    if attn.clip_qkv is None:
+        attn.clip_qkv = 8.0
+
+
+@shrink_rule
 def _mamba2_heads(cfg: Any, s: dict) -> None:
     """Mamba-2: heads x head_dim = expand x width."""
     if isinstance(get(cfg, "expand"), int) and has(cfg, "num_heads") and has(cfg, "head_dim"):

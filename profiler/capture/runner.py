@@ -87,16 +87,24 @@ def prepare(loaded: LoadedModel, plan: CapturePlan) -> LoadedModel:
     return dataclasses.replace(loaded, model=model, inputs=inputs)
 
 
-def make_step(loaded: LoadedModel, plan: CapturePlan) -> Callable[[int], None]:
-    """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised."""
+def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False) -> Callable[[int], None]:
+    """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised.
+
+    recording=True: the inference step the FLOPs recorder runs, under no_grad instead of
+    inference_mode. Under a dispatch mode, inference_mode hands composite ops to the mode whole and
+    the views it runs lose requires_grad, so matmul no longer folds a linear on a non-contiguous 3-D
+    input into one mm as the real run does (it expanded to bmm: FSMT's seq-first projections
+    joined 85% of their ops); under no_grad they decompose before the mode, as ATen runs them."""
     model = loaded.model
     # the plan's GPU: a bare synchronize() waits for the current device only (cuda:0 under --device cuda:1)
     sync = functools.partial(torch.cuda.synchronize, torch.device(plan.device)) if plan.is_cuda else (lambda: None)
     if plan.mode == "infer":
         model.eval()
 
+        grad_off = torch.no_grad if recording else torch.inference_mode
+
         def infer_step(i: int) -> None:
-            with torch.inference_mode():
+            with grad_off():
                 loaded.call()
             sync()
 
@@ -305,7 +313,8 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
         from profiler.capture.flops import record_costs, unwrapped_names
 
         say(0, plan.steps, "counting FLOPs and bytes (untimed pass)")
-        costs = unwrapped_names(record_costs(step, 1, first_step=-2), loaded.model)
+        recorded = step if plan.mode == "train" else guarded(loaded.spec, make_step(loaded, plan, recording=True))
+        costs = unwrapped_names(record_costs(recorded, 1, first_step=-2), loaded.model)
         costs.to_parquet(out_dir / f"op_costs_rank{_rank()}.parquet", index=False)
     flops_s = time.perf_counter() - t1
     say(0, plan.steps, f"running {plan.steps} steps ({plan.wait} wait, {plan.warmup} warm-up, {plan.active} active)")

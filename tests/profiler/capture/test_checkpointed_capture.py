@@ -158,3 +158,32 @@ def test_a_module_run_on_a_tensor_autograd_cannot_hook_is_still_counted() -> Non
     rows = costs_of(step)
     addmm = rows[rows["name"] == "aten::addmm"]
     assert addmm["flops"].tolist() == [2 * 2 * 4 * 3] and addmm["module"].tolist() == ["Linear"]
+
+
+def test_a_module_given_a_parameter_view_in_inference_mode_is_still_counted() -> None:
+    """In inference mode a view of a parameter requires grad and has no grad_fn, and its own view
+    has none either: torch's ModuleTracker raised AttributeError on a module given one (DBRX's
+    experts take slices of their stacked weights: `hf:dbrx --mode infer` could not be captured)."""
+    from profiler.capture.flops import costs_of
+
+    class Expert(torch.nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return x @ w
+
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.expert = torch.nn.Parameter(torch.randn(2, 4, 3)), Expert()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.expert(x, self.w.view(2, 4, 3)[1])
+
+    model, x = Experts(), torch.randn(5, 4)
+
+    def step() -> torch.Tensor:
+        with torch.inference_mode():
+            return model(x)
+
+    rows = costs_of(step)
+    mm = rows[rows["name"] == "aten::mm"]
+    assert mm["flops"].tolist() == [2 * 5 * 4 * 3] and mm["module"].tolist() == ["Experts.expert"]

@@ -123,6 +123,9 @@ UNSET_DEFAULTS = {
     # Gated DeltaNet heads: 16 key heads and 32 value heads of 128 -> 2 and 4 of 16
     "qwen3_next": ("Qwen3NextForCausalLM", lambda c: (c.linear_num_key_heads, c.linear_num_value_heads,
                                                       c.linear_key_head_dim) == (2, 4, 16)),
+    # its attention read attn_config.rope_theta (moved to rope_parameters) and clamped by clip_qkv=None
+    "dbrx": ("DbrxForCausalLM", lambda c: c.attn_config.clip_qkv == 8.0
+             and c.attn_config.rope_theta == c.rope_parameters["rope_theta"]),
 }
 
 
