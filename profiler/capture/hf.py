@@ -61,7 +61,13 @@ def transformers_unavailable_reason() -> str | None:
     return None
 
 
-def _lm_inputs(s: dict) -> dict[str, torch.Tensor]:
+def _lm_inputs(s: dict, cfg: Any = None) -> dict[str, torch.Tensor]:
+    """Token ids and labels: (B, T); a decoder over K codebooks of audio tokens (MusicGen's) takes
+    ids (B * K, T) and labels (B, T, K)."""
+    k = getattr(cfg, "num_codebooks", None)
+    if isinstance(k, int) and k > 0:
+        ids = torch.randint(0, s["vocab"], (s["batch"] * k, s["seq_len"]))
+        return {"input_ids": ids, "labels": ids.view(s["batch"], k, s["seq_len"]).transpose(1, 2).contiguous()}
     ids = torch.randint(0, s["vocab"], (s["batch"], s["seq_len"]))  # (B, T)
     return {"input_ids": ids, "labels": ids.clone()}
 
@@ -128,10 +134,32 @@ def _auto(tf: Any, model_type: str, s: dict):
     first: Exception | None = None
     for layers in [s["layers"]] + [n for n in (2, 4) if n > s["layers"]]:
         try:
-            return auto_class.from_config(_shrunk_config(tf, model_type, {**s, "layers": layers})), _lm_inputs(s)
+            cfg = _shrunk_config(tf, model_type, {**s, "layers": layers})
+            head, sub = _head_for_sub_config(auto_class, cfg)
+            if head is not None:
+                return head._from_config(sub), _lm_inputs(s, sub)
+            return auto_class.from_config(cfg), _lm_inputs(s, cfg)
         except Exception as exc:  # noqa: BLE001
             first = first or exc
     raise first from None  # the cause at the preset's own size
+
+
+def _head_for_sub_config(auto_class: Any, cfg: Any) -> tuple[Any, Any]:
+    """(head class, the sub-config it takes) where the Auto class maps a composite config to a head
+    built from one of its sub-configs (MusicGen's causal LM is its decoder alone, on the decoder
+    config; given the whole config it fails on a field only the decoder has); (None, cfg) otherwise."""
+    try:
+        head = auto_class._model_mapping[type(cfg)]
+    except Exception:  # noqa: BLE001 (not mapped, or a transformers without the lazy mapping)
+        return None, cfg
+    wanted = getattr(head, "config_class", None)
+    if wanted is None or isinstance(cfg, wanted):
+        return None, cfg
+    for name in getattr(cfg, "sub_configs", None) or {}:
+        sub = getattr(cfg, name, None)
+        if isinstance(sub, wanted):
+            return head, sub
+    return None, cfg
 
 
 def _shrunk_config(tf: Any, model_type: str, s: dict) -> Any:

@@ -91,6 +91,24 @@ OWN_SHAPES = {
 }
 
 
+@pytest.mark.parametrize("name, cls", [("musicgen", "MusicgenForCausalLM"),
+                                       ("musicgen_melody", "MusicgenMelodyForCausalLM")])
+def test_a_causal_lm_on_a_sub_config_builds_with_codebook_inputs(name, cls):
+    """MusicGen's causal LM is its decoder alone, on the decoder sub-config, over 4 codebooks of
+    audio tokens: ids (B * 4, T), labels (B, T, 4). Built from the whole config it failed (until
+    2026-12-02 17:00 UTC). Unconditioned, only MusicGen's cross-attention to the text encoder gets
+    no grad (MusicGen-Melody prepends its conditioning and has none)."""
+    lm = load_spec(f"hf:{name}", size="tiny")
+    cfg = lm.model.config
+    assert type(lm.model).__name__ == cls and cfg.model_type.endswith("_decoder") and cfg.num_codebooks == 4
+    assert lm.inputs["input_ids"].shape == (2 * 4, 16) and lm.inputs["labels"].shape == (2, 16, 4)
+    loss = loss_of(lm.call())
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()
+    no_grad = {n for n, p in lm.model.named_parameters() if p.grad is None}
+    assert all(".encoder_attn" in n for n in no_grad), no_grad
+
+
 @pytest.mark.parametrize("name", list(HYBRIDS) + list(OWN_SHAPES))
 def test_hybrid_and_per_layer_configs_build_small_and_train(name):
     """Until 2026-12-02 these failed: Jamba and RecurrentGemma shrunk to Mamba/recurrent layers
