@@ -114,6 +114,7 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
                 ("hf_auto_train", "hf:mistral:tiny", "train", None),  # a model_type beyond the written-out three
                 ("hf_blt_train", "hf:blt", "train", None),  # four models in one (byte encoder, global, decoder, patcher)
+                ("hf_musicgen_infer", "hf:musicgen:tiny", "infer", None),  # a decoder over 4 codebooks, in inference
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build"),
                 ("compiled_spec", None, "train", f"{compiled}:build"),
