@@ -36,6 +36,10 @@ FP32_POLICY: dict[str, frozenset[str]] = {
 }
 
 
+# one C call that is False outside every autocast region (private; the per-device queries otherwise)
+any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 @dataclass(frozen=True)
 class AutocastRule:
     """op: the eager op (a key of FP32_POLICY) the kernel replaces; call: fn(*args, provider=,
@@ -52,8 +56,11 @@ def up(t: Any) -> Any:
 
 def upcast_now(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     """Eager's `op` would run in fp32 on this call: an autocast region is on for the device of the
-    call's tensors, that device's policy lists `op`, and some input is below fp32. Cheap when no
-    listed device has autocast on (one query per listed device)."""
+    call's tensors, that device's policy lists `op`, and some input is below fp32. Outside any
+    autocast region it costs one C call (~0.1 us; the per-device queries cost 0.4 us of a 9 us
+    decode-size layer_norm)."""
+    if not any_autocast():
+        return False
     for device in FP32_POLICY[op]:
         if not torch.is_autocast_enabled(device):
             continue

@@ -33,7 +33,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from kernels import _alloc, choice_memo
-from kernels.autocast import AutocastRule, upcast_now
+from kernels.autocast import AutocastRule, any_autocast, upcast_now
 
 # Provider preference per device type. "reference" (eager composition) is always last.
 PROVIDER_ORDER: dict[str, tuple[str, ...]] = {
@@ -425,7 +425,7 @@ def select_provider(spec: KernelSpec, args: tuple[Any, ...], kwargs: Mapping[str
 def dispatch(name: str, *args: Any, provider: str | None = None, **kwargs: Any) -> Any:
     """Run kernel `name` with the requested provider, or the automatic (measured) choice."""
     spec = KERNELS[name]
-    if spec.autocast is not None and upcast_now(spec.autocast.op, args, kwargs):  # as eager's autocast
+    if spec.autocast is not None and any_autocast() and upcast_now(spec.autocast.op, args, kwargs):  # as eager's
         return spec.autocast.call(*args, provider=provider, **kwargs)
     chosen, _ = select_provider(spec, args, kwargs, provider, by_measurement=provider is None)
     fn = spec.reference if chosen == "reference" else spec.providers[chosen]
