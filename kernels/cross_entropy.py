@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.autocast import LOW_PRECISION
 from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, cast_output, validate
 from kernels.double_backward import eager_backward, vjp_of
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost,
@@ -77,7 +78,7 @@ def loss_dtype(logits: torch.Tensor) -> torch.dtype:
     """The logits' dtype, or float32 inside an autocast region for their device: autocast runs
     F.cross_entropy in fp32 (its loss is fp32 there); the fused kernels already compute in fp32,
     so they only keep the result at that precision (no fp32 copy of the logits)."""
-    if logits.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(logits.device.type):
+    if logits.dtype in LOW_PRECISION and torch.is_autocast_enabled(logits.device.type):
         return torch.float32
     return logits.dtype
 

@@ -33,12 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.autocast import AutocastRule, up
+from kernels.autocast import LOW_PRECISION, AutocastRule, up
 from kernels.norm_function import apply_norm
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost, register_kernel, register_op_cost
 
 _CASTINGS = ("llama", "gemma")
-_LOW = (torch.float16, torch.bfloat16)
 
 
 # ---------------------------------------------------------------- references (the truth for tests)
@@ -137,7 +136,7 @@ def _fit(x: torch.Tensor, residual: Any, params: tuple) -> str | None:
     for t in params:
         if not isinstance(t, torch.Tensor):
             continue
-        if t.dtype != x.dtype and not (t.dtype == torch.float32 and x.dtype in _LOW):
+        if t.dtype != x.dtype and not (t.dtype == torch.float32 and x.dtype in LOW_PRECISION):
             return f"mixed dtypes ({x.dtype} input, {t.dtype} parameter): reference handles promotion"
         if t.dim() != 1 or t.shape[0] != n:
             return f"parameter of shape {tuple(t.shape)} does not match the last dim {n}"
