@@ -84,7 +84,8 @@ def to_f64(items: Any) -> Any:
     return items
 
 
-def _as_tuple(out: Any) -> tuple:
+def as_tuple(out: Any) -> tuple:
+    """A kernel's output(s) as a tuple: one tensor, or the tuple/list a kernel returns."""
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -113,7 +114,7 @@ def fwd_bwd(fn: Callable[..., Any], inputs: Sequence[Any], backward: bool = True
             leaves.append(leaf.requires_grad_(True))
         else:
             leaves.append(x)
-    outs = _as_tuple(fn(*leaves, **kwargs))
+    outs = as_tuple(fn(*leaves, **kwargs))
     if not backward:
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
     pairs = [(o, upstream_grad(o, i)) for i, o in enumerate(outs)

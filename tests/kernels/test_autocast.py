@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import kernels
 from kernels import autocast
 from kernels.registry import KERNELS
+from tests.kernels.numerics import as_tuple
 
 # eager op of each policy entry, as f(x) on a [rows, n] tensor
 EAGER_OPS = {"layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)), "softmax": lambda x: F.softmax(x, -1)}
@@ -73,7 +74,7 @@ def _calls(d: dict):
 
 
 def _dtypes(out) -> tuple:
-    return (out.dtype,) if isinstance(out, torch.Tensor) else tuple(t.dtype for t in out)
+    return tuple(t.dtype for t in as_tuple(out))
 
 
 def test_every_listed_kernel_has_a_rule() -> None:
@@ -139,7 +140,7 @@ def test_upcast_path_matches_eager(cpu_listed, cpu_provider, name: str, provider
         else:
             out = kernels.softmax(x, scale=0.5, mask=r, provider=provider)
         want = _eager_fp32(name, x, r, w, b)
-    outs, wants = (list(out), list(want)) if isinstance(out, tuple) else ([out], [want])
+    outs, wants = list(as_tuple(out)), list(as_tuple(want))
     assert [o.dtype for o in outs] == [t.dtype for t in wants]
     assert outs[-1].dtype == torch.float32
     for o, t in zip(outs, wants):
@@ -174,5 +175,5 @@ def test_cuda_autocast_every_provider_gives_eagers_dtypes(provider: str | None) 
             want = eager()
             got = kernels.registry.dispatch(name, *args, provider=provider, **kwargs)
             assert _dtypes(got) == _dtypes(want), (name, provider)
-            for a, e in zip((got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want):
+            for a, e in zip(as_tuple(got), as_tuple(want)):
                 torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kernels.registry import KERNELS, dispatch, why_not
-from tests.kernels.numerics import DTYPES, make, run_in_triton_interpreter
+from tests.kernels.numerics import DTYPES, as_tuple, make, run_in_triton_interpreter
 
 
 def _calls(name: str):
@@ -42,16 +42,12 @@ def _calls(name: str):
         }.get(name, [])
 
 
-def _tensors(out) -> tuple:
-    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
-
-
 def _agree(name: str, args: tuple, kwargs: dict, what: tuple) -> None:
     """Every provider `why_not` admits for this call gives the reference's shapes, dtypes and
     values (NaN where it has NaN), or raises where the eager reference raises."""
     spec = KERNELS[name]
     try:
-        ref = _tensors(dispatch(name, *args, provider="reference", **kwargs))
+        ref = as_tuple(dispatch(name, *args, provider="reference", **kwargs))
     except (RuntimeError, IndexError):  # eager refuses it (a linear of bf16 on fp32, a class index
         ref = None                      # past an empty vocabulary): so must the providers
     for provider in spec.providers:
@@ -61,7 +57,7 @@ def _agree(name: str, args: tuple, kwargs: dict, what: tuple) -> None:
             with pytest.raises((RuntimeError, IndexError)):
                 dispatch(name, *args, provider=provider, **kwargs)
             continue
-        out = _tensors(dispatch(name, *args, provider=provider, **kwargs))
+        out = as_tuple(dispatch(name, *args, provider=provider, **kwargs))
         assert [(t.shape, t.dtype) for t in out] == [(t.shape, t.dtype) for t in ref], (provider, *what)
         for a, e in zip(out, ref):
             torch.testing.assert_close(a.double(), e.double(), rtol=2e-2, atol=2e-2, equal_nan=True,
