@@ -72,6 +72,44 @@ def _lm_inputs(s: dict, cfg: Any = None) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
+# Model types whose forward needs more than tokens: model_type -> fn(config, preset) -> extra inputs.
+EXTRA_INPUTS: dict[str, Callable[[Any, dict], dict[str, torch.Tensor]]] = {}
+
+
+def extra_inputs(model_type: str):
+    """Decorator: register the non-token inputs `hf:model_type` needs, from its (shrunk) config."""
+
+    def wrap(fn):
+        EXTRA_INPUTS[model_type] = fn
+        return fn
+
+    return wrap
+
+
+@extra_inputs("git")
+def _git_pixels(cfg: Any, s: dict) -> dict[str, torch.Tensor]:
+    """GIT captions an image: its loss skips the image tokens' logits, so without pixels it is
+    empty. One random image per sequence at the vision tower's (shrunk) size, (B, C, H, W)."""
+    v = cfg.vision_config
+    return {"pixel_values": torch.randn(s["batch"], v.num_channels, v.image_size, v.image_size)}
+
+
+@extra_inputs("voxtral_realtime")
+def _voxtral_realtime_audio(cfg: Any, s: dict) -> dict[str, torch.Tensor]:
+    """Voxtral Realtime transcribes while it listens: every text position adds the audio embedding
+    of `audio_length_per_tok` mel frames, so the features are (B, mel bins, T x that)."""
+    frames = cfg.audio_length_per_tok * s["seq_len"]
+    return {"input_features": torch.randn(s["batch"], cfg.audio_config.num_mel_bins, frames)}
+
+
+# Types transformers lists as causal LMs that cannot run alone: refused with the reason, not listed.
+NOT_STANDALONE = {
+    "gemma4_assistant": "Gemma 4's drafting assistant runs on a main model's embeddings and shared KV states, not alone",
+    "gemma4_unified_assistant": "Gemma 4 Unified's drafting assistant runs on a main model's embeddings and shared KV "
+                                "states, not alone",
+}
+
+
 def _attn(s: dict) -> dict:
     return {"attn_implementation": s["attn_implementation"]} if s.get("attn_implementation") else {}
 
@@ -123,7 +161,7 @@ def auto_model_types() -> dict[str, str]:
     known: dict[str, str] = {}
     for mapping, auto_class in reversed(AUTO_HEADS):  # earlier heads win
         known.update(dict.fromkeys(getattr(modeling_auto, mapping, {}), auto_class))
-    return {t: c for t, c in sorted(known.items()) if t not in HF_MODELS}
+    return {t: c for t, c in sorted(known.items()) if t not in HF_MODELS and t not in NOT_STANDALONE}
 
 
 def _auto(tf: Any, model_type: str, s: dict):
@@ -136,9 +174,9 @@ def _auto(tf: Any, model_type: str, s: dict):
         try:
             cfg = _shrunk_config(tf, model_type, {**s, "layers": layers})
             head, sub = _head_for_sub_config(auto_class, cfg)
-            if head is not None:
-                return head._from_config(sub), _lm_inputs(s, sub)
-            return auto_class.from_config(cfg), _lm_inputs(s, cfg)
+            model = head._from_config(sub) if head is not None else auto_class.from_config(cfg)
+            extra = EXTRA_INPUTS[model_type](cfg, s) if model_type in EXTRA_INPUTS else {}
+            return model, {**_lm_inputs(s, sub), **extra}
         except Exception as exc:  # noqa: BLE001
             first = first or exc
     raise first from None  # the cause at the preset's own size
@@ -206,6 +244,8 @@ def _builder(spec: str, name: str) -> Callable[[Any, dict], tuple[torch.nn.Modul
                         f"model types need transformers: {reason}")
     if name in auto_model_types():
         return lambda tf, s: _auto(tf, name, s)
+    if name in NOT_STANDALONE:
+        raise SpecError(f"spec {spec!r}: {NOT_STANDALONE[name]}")
     import transformers
 
     known = getattr(transformers, "CONFIG_MAPPING", {})

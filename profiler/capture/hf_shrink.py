@@ -294,6 +294,14 @@ def _dbrx_attention(cfg: Any, s: dict) -> None:
 
 
 @shrink_rule
+def _git_image(cfg: Any, s: dict) -> None:
+    """GIT's vision tower: a 4 x 4-patch image (17 image tokens with the class token, not 197 at
+    224 px), so the image does not outweigh the preset's sequence."""
+    if get(cfg, "model_type") == "git_vision_model" and isinstance(get(cfg, "patch_size"), int):
+        put(cfg, "image_size", 4 * cfg.patch_size)
+
+
+@shrink_rule
 def _mamba2_heads(cfg: Any, s: dict) -> None:
     """Mamba-2: heads x head_dim = expand x width."""
     if isinstance(get(cfg, "expand"), int) and has(cfg, "num_heads") and has(cfg, "head_dim"):

@@ -109,6 +109,44 @@ def test_a_causal_lm_on_a_sub_config_builds_with_codebook_inputs(name, cls):
     assert all(".encoder_attn" in n for n in no_grad), no_grad
 
 
+def test_git_gets_an_image_at_its_shrunk_vision_size():
+    """GIT's loss reads only the text positions after the image tokens: without pixels it compared
+    0 logits to 30 labels (ValueError until 2026-12-02 19:40 UTC). It gets one 4 x 4-patch image a
+    sequence, and every tower trains."""
+    lm = load_spec("hf:git", size="tiny")
+    v = lm.model.config.vision_config
+    assert type(lm.model).__name__ == "GitForCausalLM" and v.image_size == 4 * v.patch_size
+    assert lm.inputs["pixel_values"].shape == (2, v.num_channels, v.image_size, v.image_size)
+    loss = loss_of(lm.call())
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()
+    assert lm.model.git.image_encoder.vision_model.embeddings.patch_embedding.weight.grad.abs().sum() > 0
+
+
+def test_voxtral_realtime_gets_audio_frames_for_every_text_position():
+    """Voxtral Realtime adds the audio embedding of 8 mel frames to each text position: it refused
+    to run without input_features (until 2026-12-02 19:40 UTC)."""
+    lm = load_spec("hf:voxtral_realtime", size="tiny")
+    cfg = lm.model.config
+    assert lm.inputs["input_features"].shape == (2, cfg.audio_config.num_mel_bins, cfg.audio_length_per_tok * 16)
+    loss = loss_of(lm.call())
+    assert math.isfinite(loss.item())
+    loss.backward()
+    audio = [p.grad for n, p in lm.model.named_parameters() if "audio_tower" in n]
+    assert audio and all(g is not None for g in audio)
+
+
+@pytest.mark.parametrize("name", ["gemma4_assistant", "gemma4_unified_assistant"])
+def test_drafting_assistants_are_refused_with_the_reason_and_not_listed(name):
+    """Gemma 4's drafting assistants take a main model's embeddings and shared KV states: not a
+    model to profile alone (one failed its own default config's validation, the other asked for
+    shared_kv_states)."""
+    assert name not in hf.auto_model_types()
+    with pytest.raises(SpecError, match="drafting assistant runs on a main model's embeddings") as info:
+        load_spec(f"hf:{name}", size="tiny")
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("name", list(HYBRIDS) + list(OWN_SHAPES))
 def test_hybrid_and_per_layer_configs_build_small_and_train(name):
     """Until 2026-12-02 these failed: Jamba and RecurrentGemma shrunk to Mamba/recurrent layers
