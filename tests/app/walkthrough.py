@@ -115,6 +115,7 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 ("hf_auto_train", "hf:mistral:tiny", "train", None),  # a model_type beyond the written-out three
                 ("hf_blt_train", "hf:blt", "train", None),  # four models in one (byte encoder, global, decoder, patcher)
                 ("hf_musicgen_infer", "hf:musicgen:tiny", "infer", None),  # a decoder over 4 codebooks, in inference
+                ("hf_git_train", "hf:git:tiny", "train", None),  # an image captioner: pixels beside the tokens
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build"),
                 ("compiled_spec", None, "train", f"{compiled}:build"),
