@@ -10,7 +10,9 @@ Three entries are written out (gpt2, llama, bert). Any other text language model
 knows by its `model_type` (mistral, qwen2, gemma, phi3, mixtral, gpt_neox, opt, falcon, t5, bart,
 roberta, ...) is built from `AutoConfig.for_model(model_type)` shrunk to the preset by
 `shrink_config` (its rules in `hf_shrink`), with the seq2seq, masked or causal LM head for that
-type, tried in that order.
+type, tried in that order. Types that need more than tokens get their other inputs from
+`EXTRA_INPUTS` (GIT's pixels, Voxtral Realtime's audio frames); types that cannot run alone
+(`NOT_STANDALONE`) are refused with the reason.
 """
 from __future__ import annotations
 
