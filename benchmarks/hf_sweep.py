@@ -1,16 +1,18 @@
 """Which `hf:MODEL_TYPE` specs build and train: every text LM type transformers knows, at a preset.
 
 Not a timed benchmark: a compatibility sweep behind the count in docs/capture.md. Each type is
-built with `profiler.capture.hf.build_hf` (its default config shrunk to the preset), then one
-forward with labels and one backward run; a type gets --timeout-s seconds (SIGALRM). With
---capture, each type that trains is also captured as a user would (`python -m profiler capture
-hf:TYPE --size SIZE --mode MODE --steps 1 --ceilings quick`, in this process; --mode train by
-default, infer for the no-grad forward path, which takes other code in some models) and the row keeps
-the share of its recorded ops the join matched to profiled ones. Rows (model_type, head, status,
-parameters, seconds, error, captured, joined) go to benchmarks/results/hf_sweep.csv, replacing the
-file, with transformers' version and the date in every row.
+built as a capture builds it (`load_spec` and the runner's `prepare`: its default config shrunk to
+the preset, in --dtype), then one forward with labels and one backward run; a type gets
+--timeout-s seconds (SIGALRM). With --capture, each type that trains is also captured as a user
+would (`python -m profiler capture hf:TYPE --size SIZE --mode MODE --dtype DTYPE --steps 1
+--ceilings quick`, in this process; --mode infer takes the no-grad forward path, other code in
+some models; --dtype bfloat16 or float16 builds the model in that precision) and the row keeps the
+share of its recorded ops the join matched to profiled ones. Rows (model_type, head, dtype,
+status, parameters, seconds, error, captured, joined) go to --out (default
+benchmarks/results/hf_sweep.csv), replacing the file, with transformers' version and the date in
+every row.
 
-    .venv/bin/python benchmarks/hf_sweep.py [--size tiny] [--timeout-s 20] [--capture [--mode infer]] [TYPE ...]
+    .venv/bin/python benchmarks/hf_sweep.py [--size tiny] [--timeout-s 20] [--capture [--mode infer]] [--dtype bfloat16] [TYPE ...]
 """
 from __future__ import annotations
 
@@ -29,7 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler.capture.hf import auto_model_types, build_hf  # noqa: E402
+from profiler.capture.backends import CapturePlan  # noqa: E402
+from profiler.capture.hf import auto_model_types  # noqa: E402
+from profiler.capture.runner import prepare  # noqa: E402
+from profiler.capture.spec import load_spec  # noqa: E402
 
 
 class _TimedOut(Exception):
@@ -40,13 +45,15 @@ def _alarm(*_):
     raise _TimedOut()
 
 
-def sweep_one(model_type: str, size: str, timeout_s: int) -> dict:
+def sweep_one(model_type: str, size: str, timeout_s: int, dtype: str = "float32") -> dict:
     t0 = time.perf_counter()
     row = {"model_type": model_type, "head": auto_model_types().get(model_type, ""), "status": "ok",
            "parameters": "", "error": ""}
     signal.alarm(timeout_s)
     try:
-        model, inputs = build_hf(f"hf:{model_type}", model_type, size=size)
+        # built and moved as a capture does (fp16/bf16: in that dtype, keeping transformers' fp32 parts)
+        loaded = prepare(load_spec(f"hf:{model_type}", size=size, dtype=dtype), CapturePlan(dtype=dtype))
+        model, inputs = loaded.model, loaded.inputs
         row["parameters"] = sum(p.numel() for p in model.parameters())
         model(**inputs).loss.backward()
     except _TimedOut:
@@ -59,7 +66,7 @@ def sweep_one(model_type: str, size: str, timeout_s: int) -> dict:
     return row
 
 
-def capture_one(model_type: str, size: str, timeout_s: int, mode: str = "train") -> dict:
+def capture_one(model_type: str, size: str, timeout_s: int, mode: str = "train", dtype: str = "float32") -> dict:
     """Capture hf:TYPE through the CLI, in this process: {"captured": "ok" or the error line,
     "joined": the join's match rate}."""
     from profiler.cli import main as cli
@@ -70,7 +77,7 @@ def capture_one(model_type: str, size: str, timeout_s: int, mode: str = "train")
         signal.alarm(timeout_s)
         try:
             with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-                rc = cli(["capture", f"hf:{model_type}", "--size", size, "--mode", mode, "--steps", "1",
+                rc = cli(["capture", f"hf:{model_type}", "--size", size, "--mode", mode, "--dtype", dtype, "--steps", "1",
                           "--ceilings", "quick", "--out", out])
             if rc != 0:
                 errors = [line for line in said.getvalue().splitlines() if line.startswith("error")]
@@ -92,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=int, default=20)
     ap.add_argument("--capture", action="store_true", help="also capture each type that trains")
     ap.add_argument("--mode", choices=("train", "infer"), default="train", help="the captures' --mode")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="the model's dtype in the build check and the captures")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf_sweep.csv"))
     args = ap.parse_args(argv)
     import transformers
@@ -104,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for t in types:
         row = {"date": stamp, "transformers": transformers.__version__, "size": args.size, "mode": args.mode,
-               **sweep_one(t, args.size, args.timeout_s), "captured": "", "joined": ""}
+               "dtype": args.dtype, **sweep_one(t, args.size, args.timeout_s, args.dtype), "captured": "", "joined": ""}
         if args.capture and row["status"] == "ok":
-            row.update(capture_one(t, args.size, 3 * args.timeout_s, args.mode))
+            row.update(capture_one(t, args.size, 3 * args.timeout_s, args.mode, args.dtype))
         rows.append(row)
         print(f"{t:32s} {row['status']:8s} {row['parameters']!s:>11s} {row['seconds']:6.2f}s {row['error'][:90]}"
               f"{'' if not args.capture else ' capture ' + str(row['captured'])[:60] + ' joined ' + str(row['joined'])}",

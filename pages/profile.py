@@ -49,7 +49,9 @@ else:
     spec = col_spec.text_input("Model spec", key="profile_spec", placeholder="path/to/file.py:build or package.module:build",
                                help="A function returning (model, inputs); inputs a tuple or a dict of tensors. "
                                     "It may take a batch= keyword (the Batch field) and the keywords set beside; "
-                                    "the model and its inputs are then moved to the chosen device and dtype.")
+                                    "the model and its inputs are then moved to the chosen device and dtype "
+                                    "(a build that takes dtype= and device= gets them, and its model is only "
+                                    "moved, keeping its own precision choices).")
     settings = col_set.text_input("build() keywords (optional)", key="profile_spec_settings",
                                   placeholder="e.g. layers=4, width=256",
                                   help="KEY=VALUE keywords passed to build(), comma-separated (as the CLI's --set)")

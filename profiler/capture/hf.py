@@ -16,9 +16,11 @@ type, tried in that order. Types that need more than tokens get their other inpu
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -176,7 +178,8 @@ def _auto(tf: Any, model_type: str, s: dict):
         try:
             cfg = _shrunk_config(tf, model_type, {**s, "layers": layers})
             head, sub = _head_for_sub_config(auto_class, cfg)
-            model = head._from_config(sub) if head is not None else auto_class.from_config(cfg)
+            dtype = {"dtype": torch.get_default_dtype()}  # else a config's own dtype field would win
+            model = head._from_config(sub, **dtype) if head is not None else auto_class.from_config(cfg, **dtype)
             extra = EXTRA_INPUTS[model_type](cfg, s) if model_type in EXTRA_INPUTS else {}
             return model, {**_lm_inputs(s, sub), **extra}
         except Exception as exc:  # noqa: BLE001
@@ -257,8 +260,15 @@ def _builder(spec: str, name: str) -> Callable[[Any, dict], tuple[torch.nn.Modul
                     f"model_type of transformers, e.g. mistral, qwen2, gemma, t5)")
 
 
-def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None, **overrides: Any):
-    """(model, inputs) for `hf:name`; SpecError when transformers is missing or the name unknown."""
+def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None,
+             dtype: torch.dtype | None = None, **overrides: Any):
+    """(model, inputs) for `hf:name`; SpecError when transformers is missing or the name unknown.
+
+    dtype: build in it, much as `from_pretrained(dtype=...)` loads a checkpoint: torch's default
+    dtype while the model is made (buffers it makes in fp32, such as rotary tables, stay fp32),
+    then its parameters settled (`settle_dtypes`: the requested dtype, but those transformers
+    keeps in fp32 in fp32).
+    """
     build = _builder(spec, name)
     if size not in HF_PRESETS:
         raise SpecError(f"spec {spec!r}: no size {size!r} (sizes: {', '.join(HF_PRESETS)})")
@@ -272,7 +282,10 @@ def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None
     try:
         keep_transformers_off_our_kernels()
         tf = importlib.import_module("transformers")
-        model, inputs = build(tf, settings)
+        with default_dtype(dtype):
+            model, inputs = build(tf, settings)
+        if dtype is not None:
+            settle_dtypes(model, dtype)
     except SpecError:
         raise
     except BaseException as exc:
@@ -284,3 +297,41 @@ def build_hf(spec: str, name: str, size: str = "small", batch: int | None = None
     if getattr(model, "loss_type", "") is None and getattr(model.config, "loss_type", None):
         model.loss_type = model.config.loss_type
     return model, inputs
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None):
+    """torch's default dtype set to `dtype` inside (no change for None), restored on the way out."""
+    before = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def settle_dtypes(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+    """Parameters in `dtype`, but those transformers keeps in fp32 when it loads `model` in `dtype`
+    (its `_keep_in_fp32_modules` in fp16; `_keep_in_fp32_modules_strict` in fp16 and bf16; each name a
+    glob searched for in the tensor's name, as transformers matches them) in fp32; buffers stay as the
+    model made them (rotary tables in fp32), those lists' upcast. Parameters a model declares in fp32
+    without listing them (DeBERTa's q/v biases, XLNet's projections) are cast: transformers would keep
+    them fp32 too, and they then fail against bf16 activations. Returns the names kept in fp32."""
+    plan = getattr(model, "_get_dtype_plan", None)
+    globs = list(plan(dtype)) if callable(plan) else []
+    pattern = re.compile("|".join(f"(?:{g.replace('*', '.*')})" for g in globs)) if globs else None
+    kept = []
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if not t.is_floating_point():
+            continue
+        if pattern is not None and pattern.search(name):
+            want = torch.float32
+            kept.append(name)
+        elif isinstance(t, torch.nn.Parameter):
+            want = dtype
+        else:
+            continue
+        if t.dtype != want:
+            t.data = t.data.to(want)
+    return kept

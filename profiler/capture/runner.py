@@ -52,12 +52,16 @@ def loss_of(out: Any) -> torch.Tensor:
         out = list(out.values())
     first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
     if first is None:
-        raise TypeError(f"the model returned no floating-point tensor to train on ({type(out).__name__})")
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        got = (f"only {', '.join(sorted({str(t.dtype).removeprefix('torch.') for t in tensors}))} tensors" if tensors
+               else f"a {type(out).__name__} without tensors")
+        raise TypeError(f"the model returned no floating-point tensor to train on ({got})")
     return first.float().mean()
 
 
 def prepare(loaded: LoadedModel, plan: CapturePlan) -> LoadedModel:
-    """Model and inputs on the plan's device and dtype (integer inputs keep their dtype)."""
+    """Model and inputs on the plan's device and dtype (integer inputs keep their dtype; a spec that
+    built itself in the plan's dtype keeps its own precision choices: only moved)."""
     spec = loaded.spec
     if plan.is_cuda and not torch.cuda.is_available():
         raise CaptureError(f"spec {spec!r}: --device cuda requested but no CUDA device is available here")
@@ -72,19 +76,28 @@ def prepare(loaded: LoadedModel, plan: CapturePlan) -> LoadedModel:
         raise SpecError(f"spec {spec!r}: parameter {on_meta[0]!r} is on the meta device (no data); cannot run it")
     device, dtype = torch.device(plan.device), DTYPES[plan.dtype]
 
+    cast = loaded.dtype != plan.dtype  # else the spec built model and inputs in this dtype itself
+
     def move(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
-        return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+        return t.to(device, dtype) if cast and t.is_floating_point() else t.to(device)
 
     try:
-        model = loaded.model.to(device=device, dtype=dtype)
+        model = loaded.model.to(device=device, dtype=dtype) if cast else loaded.model.to(device=device)
         inputs = tree_map(move, dict(loaded.inputs) if isinstance(loaded.inputs, Mapping) else loaded.inputs)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise describe_failure(spec, f"moving the model to {plan.device}/{plan.dtype}", exc) from None
     return dataclasses.replace(loaded, model=model, inputs=inputs)
+
+
+def adam_eps(params: list[torch.Tensor]) -> float:
+    """AdamW's eps for the capture's training step: 1e-8, or 1e-4 when a parameter is fp16, whose
+    state then is fp16 too: 1e-8 rounds to 0 there, and an element whose squared grad underflows
+    divides 0 by 0, so every pure-fp16 capture trained on NaN weights after its first step."""
+    return 1e-4 if any(p.dtype == torch.float16 for p in params) else 1e-8
 
 
 def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False) -> Callable[[int], None]:
@@ -113,7 +126,7 @@ def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise SpecError(f"spec {loaded.spec!r}: the model has no trainable parameters; use --mode infer")
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = torch.optim.AdamW(params, lr=1e-4, eps=adam_eps(params))
 
     def train_step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
@@ -297,7 +310,8 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     say(0, plan.steps, "building the model")
-    loaded = spec if isinstance(spec, LoadedModel) else load_spec(spec, size=size, batch=batch, overrides=overrides)
+    loaded = spec if isinstance(spec, LoadedModel) else load_spec(spec, size=size, batch=batch, overrides=overrides,
+                                                                    dtype=plan.dtype, device=plan.device)
     loaded = prepare(loaded, plan)
     if wrap_model is not None:
         loaded = dataclasses.replace(loaded, model=wrap_model(loaded))

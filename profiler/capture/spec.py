@@ -1,8 +1,12 @@
 """Model specs: turn "gpt2", "hf:llama", "path/to/file.py:build" or "pkg.mod:build" into a model.
 
 A spec's build function returns `(model, inputs)`: `model` an `nn.Module`, `inputs` a tuple of
-positional tensors or a dict of keyword tensors (a single tensor is taken as a 1-tuple). It may
-declare keyword parameters `batch`, `device`, `dtype`; those it declares are passed.
+positional tensors or a dict of keyword tensors (a single tensor is taken as a 1-tuple). It gets
+`batch` and the `--set` settings when asked for them (refused when it cannot take them), and
+`dtype` (a torch.dtype) and `device` (a string) when it declares them. A build that takes `dtype`
+chooses its own precision (say bf16 with an fp32 router), and the runner then moves model and
+inputs to the device without casting them; `hf:` specs build that way in fp16 and bf16, keeping
+the parts transformers keeps in fp32.
 
 Importing a spec runs the user's code, so only specs given locally (command line, the UI's
 local-path field) are resolved; nothing from an upload is ever imported. Every failure (missing
@@ -64,6 +68,7 @@ class LoadedModel:
     kind: str
     model: nn.Module
     inputs: Inputs
+    dtype: str | None = None  # the capture dtype the spec built in itself (its own mixed precision): not recast
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -192,13 +197,18 @@ def split_spec(spec: str) -> tuple[str, str, str]:
 
 
 def load_spec(spec: str, *, size: str = "small", batch: int | None = None,
-              overrides: Mapping[str, Any] | None = None) -> LoadedModel:
-    """Resolve `spec` to a LoadedModel on the CPU (the runner moves it). Raises SpecError."""
+              overrides: Mapping[str, Any] | None = None, dtype: str | None = None,
+              device: str | None = None) -> LoadedModel:
+    """Resolve `spec` to a LoadedModel (the runner moves it). Raises SpecError.
+
+    dtype/device: the capture's ("bfloat16", "cuda:0"), for the builds that take them (module doc).
+    """
     spec = spec.strip()
     if not spec:
         raise SpecError("empty model spec (give a zoo name, hf:NAME, file.py:build or package.module:build)")
     kind, target, attr = split_spec(spec)
     overrides = dict(overrides or {})
+    built_in = None  # the dtype the build made the model in itself, if it did
     if kind == "zoo":
         from profiler.capture.zoo import ZooError, build_zoo, zoo_models
 
@@ -216,7 +226,9 @@ def load_spec(spec: str, *, size: str = "small", batch: int | None = None,
     elif kind == "hf":
         from profiler.capture.hf import build_hf
 
-        out = build_hf(spec, target, size=size, batch=batch, **overrides)
+        built_in = dtype if dtype in NATIVE_HF_DTYPES else None
+        out = build_hf(spec, target, size=size, batch=batch, dtype=getattr(torch, built_in) if built_in else None,
+                       **overrides)
     else:
         from profiler.capture.hub_kernels import keep_transformers_off_our_kernels
 
@@ -225,6 +237,21 @@ def load_spec(spec: str, *, size: str = "small", batch: int | None = None,
         build = getattr(module, attr, None)
         if not callable(build):
             raise SpecError(f"spec {spec!r}: {target} has no function {attr!r}")
-        out = _call_build(spec, build, {"batch": batch, **overrides})
+        declared = _declared(build, {"dtype": getattr(torch, dtype) if dtype else None, "device": device})
+        out = _call_build(spec, build, {"batch": batch, **overrides, **declared})
+        built_in = dtype if "dtype" in declared else None
     model, inputs = validate_output(spec, out)
-    return LoadedModel(spec, kind, model, inputs)
+    return LoadedModel(spec, kind, model, inputs, dtype=built_in)
+
+
+# The dtypes an hf: spec is built in directly (as from_pretrained(dtype=...) loads one): others are cast.
+NATIVE_HF_DTYPES = ("float16", "bfloat16")
+
+
+def _declared(build: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options (dtype, device) that `build` names as parameters and that are set."""
+    try:
+        params = inspect.signature(build).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in options.items() if v is not None and k in params}

@@ -175,8 +175,10 @@ def test_loss_rules():
     assert loss_of(torch.tensor(2.0)).item() == 2.0
     assert loss_of((torch.tensor([1.0, 3.0]), torch.tensor(9.0))).item() == 2.0
     assert loss_of({"logits": torch.tensor([[4.0, 6.0]])}).item() == 5.0
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"no floating-point tensor to train on \(only int64 tensors\)"):
         loss_of((torch.tensor([1, 2]),))
+    with pytest.raises(TypeError, match=r"\(a str without tensors\)"):
+        loss_of("text")
 
 
 def test_hf_without_transformers_says_so(monkeypatch):
