@@ -135,6 +135,8 @@ for start in range(0, len(metrics), 5):
     for col, (label, value) in zip(st.columns(5), metrics[start:start + 5]):
         col.metric(label, value)
 st.caption(pv.BYTES_NOTE)
+for line in summary.get("warnings") or []:
+    st.warning(line, icon="⚠️")
 
 if summary.get("sources_off"):
     st.markdown("**Sources off in this capture**")

@@ -134,9 +134,11 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
             messages.put(("progress", done, total, msg))
 
     try:  # capture_this_rank starts the process group from the environment set above
-        capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress,
+        result = capture_this_rank(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress,
                           on_unused=lambda names: messages.put(("unused", rank, list(names))) if rank == 0 else None,
                           find_unused=find_unused)
+        if rank == 0:
+            messages.put(("warnings", rank, list(result.trace.meta["capture"].get("warnings") or [])))
     except FusionLensError as exc:
         messages.put(("error", rank, str(exc)))
         raise SystemExit(2)
@@ -179,9 +181,9 @@ REDUCTION_NOT_FINISHED = "Expected to have finished reduction"  # DDP's error fo
 
 def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: str, batch: Optional[int],
                  overrides: Optional[Mapping[str, Any]], progress: Optional[ProgressFn],
-                 find_unused: bool) -> tuple[dict[int, str], list[str]]:
+                 find_unused: bool) -> tuple[dict[int, str], list[str], list[str]]:
     """Spawn the ranks and wait: ({rank: one-line error} of the ranks that failed, rank 0's
-    names of the parameters that got no grad in the check step)."""
+    names of the parameters that got no grad in the check step, rank 0's numeric warnings)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -191,6 +193,7 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
                                nprocs=nproc, join=False, start_method="spawn")
     errors: dict[int, str] = {}
     unused: list[str] = []
+    warnings: list[str] = []
 
     def drain() -> None:
         while True:
@@ -204,6 +207,8 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
                 errors.setdefault(msg[1], msg[2])
             elif msg[0] == "unused":
                 unused[:] = msg[2]
+            elif msg[0] == "warnings":
+                warnings[:] = msg[2]
 
     try:
         while not procs.join(timeout=0.2):
@@ -214,7 +219,7 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
         if not errors:
             errors[-1] = " ".join(str(exc).split())[:300]
     drain()
-    return errors, unused
+    return errors, unused, warnings
 
 
 def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *, size: str = "small",
@@ -232,13 +237,15 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
     t0 = time.perf_counter()
     say = progress or (lambda done, total, msg: None)
     attempt = time.time()
-    errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=False)
+    errors, unused, warnings = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress,
+                                            find_unused=False)
     forced = bool(errors) and any(REDUCTION_NOT_FINISHED in m for m in errors.values())
     if forced:
         say(0, plan.steps, "DDP: a later step left a parameter without a grad (data-dependent control flow, "
                            "e.g. an expert no token reached): running again with find_unused_parameters=True")
         attempt = time.time()
-        errors, unused = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress, find_unused=True)
+        errors, unused, warnings = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress,
+                                                find_unused=True)
     if errors:
         rank, msg = min(errors.items())
         raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
@@ -249,7 +256,8 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
     trace = load_ddp_trace(out_dir, {"spec": spec, "plan": dataclasses.asdict(plan), "nproc": nproc,
                                      "backend": "nccl" if plan.is_cuda else "gloo", "sources_off": dict(off),
                                      "ddp_unused_parameters": list(unused),
-                                     "ddp_find_unused_parameters": forced or bool(unused)})
+                                     "ddp_find_unused_parameters": forced or bool(unused),
+                                     "warnings": list(warnings)})
     return CaptureResult(trace, out_dir / "kineto_rank0.pt.trace.json", off,
                          {"run_s": run_s, "total_s": time.perf_counter() - t0})
 

@@ -187,6 +187,7 @@ def write_outputs(result: CaptureResult, plan: CapturePlan, out_dir: Path, ceili
         files["roofline_modules"] = str(modules)
     summary = {**(extra or {}), "plan": plain(plan.__dict__), "files": files,
                "sources_off": dict(result.sources_off), "roofline_missing": roof_reason,
+               "warnings": list((result.trace.meta.get("capture") or {}).get("warnings") or []),
                "roofline_ceilings": plain(used.to_json()) if used is not None else None,
                "timings_s": dict(result.timings), "capture": plain(result.trace.meta.get("capture", {})),
                **summarise(result)}

@@ -100,8 +100,9 @@ def adam_eps(params: list[torch.Tensor]) -> float:
     return 1e-4 if any(p.dtype == torch.float16 for p in params) else 1e-8
 
 
-def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False) -> Callable[[int], None]:
-    """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised.
+def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False) -> Callable[[int], Any]:
+    """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised;
+    it returns the loss (training) or the model's output.
 
     recording=True: the inference step the FLOPs recorder runs, under no_grad instead of
     inference_mode. Under a dispatch mode, inference_mode hands composite ops to the mode whole and
@@ -116,10 +117,11 @@ def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False
 
         grad_off = torch.no_grad if recording else torch.inference_mode
 
-        def infer_step(i: int) -> None:
+        def infer_step(i: int) -> Any:
             with grad_off():
-                loaded.call()
+                out = loaded.call()
             sync()
+            return out
 
         return infer_step
     model.train()
@@ -128,13 +130,41 @@ def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False
         raise SpecError(f"spec {loaded.spec!r}: the model has no trainable parameters; use --mode infer")
     opt = torch.optim.AdamW(params, lr=1e-4, eps=adam_eps(params))
 
-    def train_step(i: int) -> None:
+    def train_step(i: int) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss_of(loaded.call()).backward()
+        loss = loss_of(loaded.call())
+        loss.backward()
         opt.step()
         sync()
+        return loss
 
     return train_step
+
+
+def nonfinite_output(out: Any, mode: str) -> list[str]:
+    """[one line] when the first (unprofiled) step's loss, or in inference the mean of its first
+    floating-point output, is NaN or inf: the profile then times non-finite arithmetic (and MoE
+    routing over NaN scores), not the model's real work; [] otherwise."""
+    try:
+        value = loss_of(out).detach()
+    except TypeError:
+        return []
+    if bool(torch.isfinite(value).all()):
+        return []
+    what = "loss" if mode == "train" else "output (mean of its first floating-point tensor)"
+    return [f"the first step's {what} was {value.float().item()}: the profiled steps ran non-finite arithmetic"]
+
+
+def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+    """[one line] naming the parameters holding NaN or inf after the profiled training steps."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module  # named as the user's model
+    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
+    bad = [n for n, p in named if not bool(torch.isfinite(p.detach()).all())]
+    if not bad:
+        return []
+    return [f"after the profiled steps {len(bad)} of {len(named)} parameters hold NaN or inf (first: {bad[0]}): "
+            "the steps that ran on them timed non-finite arithmetic"]
 
 
 def unused_parameters(loaded: LoadedModel) -> list[str]:
@@ -160,12 +190,12 @@ def step_label(i: int) -> str:
     return _STEP_LABELS.get(i, f"step {i}")
 
 
-def guarded(spec: str, step_fn: Callable[[int], None]) -> Callable[[int], None]:
+def guarded(spec: str, step_fn: Callable[[int], Any]) -> Callable[[int], Any]:
     """step_fn whose failures become one-line SpecErrors naming the spec and step."""
 
-    def run(i: int) -> None:
+    def run(i: int) -> Any:
         try:
-            step_fn(i)
+            return step_fn(i)
         except (SpecError, CaptureError, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -273,9 +303,11 @@ def compiled_note(events: pd.DataFrame, costs: pd.DataFrame, stats: Any) -> Opti
 
 
 def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optional[pd.DataFrame],
-              samples: Optional[pd.DataFrame], off: dict[str, str]) -> tuple[Trace, dict[str, str]]:
-    """The final Trace (costs joined onto the events, NVML counters merged, capture meta added) and
-    the sources off: `off`, copied, plus a partial join of torch.compile'd code under "flops"."""
+              samples: Optional[pd.DataFrame], off: dict[str, str],
+              warnings: list[str] = ()) -> tuple[Trace, dict[str, str]]:
+    """The final Trace (costs joined onto the events, NVML counters merged, capture meta added, the
+    numeric warnings under meta["capture"]["warnings"]) and the sources off: `off`, copied, plus a
+    partial join of torch.compile'd code under "flops"."""
     events, stats, off = trace.events, None, dict(off)
     if costs is not None:
         from profiler.capture.join import join_costs
@@ -286,7 +318,7 @@ def _assemble(loaded: LoadedModel, plan: CapturePlan, trace: Trace, costs: Optio
             off["flops"] = note
     meta = dict(trace.meta)
     meta["capture"] = {"spec": loaded.spec, "spec_kind": loaded.kind, "model_class": type(loaded.model).__name__,
-                       "plan": dataclasses.asdict(plan), "sources_off": dict(off),
+                       "plan": dataclasses.asdict(plan), "sources_off": dict(off), "warnings": list(warnings),
                        "costs": _cost_summary(costs), "join": stats.as_dict() if stats else None,
                        "bytes_note": "bytes_moved: algorithmic lower bound (inputs + outputs, views excluded)"}
     meta["flops_source"] = _flops_source(stats)
@@ -318,7 +350,7 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     step = guarded(loaded.spec, make_step(loaded, plan))
     build_s = time.perf_counter() - t0
     say(0, plan.steps, "first step (unprofiled)")
-    step(-1)
+    warnings = nonfinite_output(step(-1), plan.mode)
     if wrap_model is not None:  # DDP rebuilds its buckets in its 2nd iteration (broadcasting their
         step(-1)                # indices): keep that one-off out of the FLOPs pass and the profile
     costs = None
@@ -333,8 +365,10 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     flops_s = time.perf_counter() - t1
     say(0, plan.steps, f"running {plan.steps} steps ({plan.wait} wait, {plan.warmup} warm-up, {plan.active} active)")
     result, samples, off = _run_backend(backend, step, plan, out_dir, say)
+    if plan.mode == "train":
+        warnings += nonfinite_parameters(loaded.model)
     say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
-    trace, off = _assemble(loaded, plan, result.trace, costs, samples, off)
+    trace, off = _assemble(loaded, plan, result.trace, costs, samples, off, warnings)
     timings = {"build_s": build_s, "flops_pass_s": flops_s, **result.timings, "total_s": time.perf_counter() - t0}
     say(plan.steps, plan.steps, f"captured in {timings['total_s']:.1f} s")
     return CaptureResult(trace, result.raw_path, off, timings)

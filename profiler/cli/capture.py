@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
           f"median step {summary['step_time_us_median'] or float('nan'):.0f} us, "
           f"{_si(summary['flops_total'])}FLOP, {_si(summary['bytes_moved_total'])}B moved "
           "(algorithmic lower bound)")
+    for line in summary["warnings"]:
+        print(f"  warning: {line}")
     for name, reason in sorted(summary["sources_off"].items()):
         print(f"  source off: {name}: {reason}")
     if summary["roofline_missing"]:

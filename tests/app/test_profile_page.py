@@ -477,3 +477,16 @@ def test_progress_holds_still_while_profiled_steps_run(tmp_path, wait, warmup, a
     assert len(notes) == (1 if wait and warmup else 0)
     assert shown[-1][0] == steps  # the end is shown
     assert any(m.startswith(f"running {steps} steps") for _, m in shown)
+
+
+def test_a_capture_on_nan_weights_is_flagged(tmp_path):
+    """The summary's numeric warnings (the steps ran on NaN) show above the results."""
+    spec = tmp_path / "nan.py"
+    spec.write_text("import torch\n\ndef build(batch=3):\n    m = torch.nn.Linear(4, 2)\n"
+                    "    with torch.no_grad():\n        m.weight[0, 0] = float('nan')\n"
+                    "    return m, (torch.randn(batch, 4),)\n")
+    at = _local(_page(), f"{spec}:build")
+    assert not at.exception and not at.error
+    said = [w.value for w in at.warning]
+    assert any(w.startswith("the first step's loss was nan") for w in said), said
+    assert any("1 of 2 parameters hold NaN or inf (first: weight)" in w for w in said), said

@@ -109,6 +109,9 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
         noop = Path(tmp) / "noop.py"  # runs no tensor op: the roofline says so instead of a chart
         noop.write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return 3\n\n"
                         "def build():\n    return M(), (torch.zeros(2),)\n")
+        nan = Path(tmp) / "nan.py"  # a NaN weight: the capture works and says its steps ran on NaN
+        nan.write_text("import torch\n\ndef build():\n    m = torch.nn.Linear(64, 64)\n    with torch.no_grad():\n"
+                       "        m.weight[0, 0] = float('nan')\n    return m, (torch.randn(32, 64),)\n")
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
                 ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
@@ -119,7 +122,8 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build"),
                 ("compiled_spec", None, "train", f"{compiled}:build"),
-                ("noop_model", None, "infer", f"{noop}:build")]
+                ("noop_model", None, "infer", f"{noop}:build"),
+                ("nan_weights", None, "train", f"{nan}:build")]
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         for label, zoo, mode, spec in runs:
             if only and not any(s in label for s in only):

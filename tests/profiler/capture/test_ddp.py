@@ -29,6 +29,7 @@ def test_two_rank_gloo_capture(tmp_path):
     assert sorted(joins) == [0, 1] and all(j["match_rate"] == 1.0 for j in joins.values()), joins
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == []  # DDP's default (no detection) kept
     assert res.trace.meta["capture"]["ddp_find_unused_parameters"] is False
+    assert list(res.trace.meta["capture"]["warnings"]) == []  # rank 0's numeric check: all finite
     # each rank's ops name the MLP's layers as an unwrapped capture does (Sequential.0, not
     # DistributedDataParallel.module.0)
     for rank in (0, 1):
@@ -50,17 +51,23 @@ def _capture_spec(tmp_path, name: str, source: str):
 def test_parameters_the_loss_does_not_use(tmp_path):
     """A head the loss never reaches: DDP's default fails on the 2nd step ("Expected to have
     finished reduction in the prior iteration"); the capture finds the unused parameters first and
-    runs DDP with find_unused_parameters, naming them in the progress and the trace's meta."""
+    runs DDP with find_unused_parameters, naming them in the progress and the trace's meta. The
+    spare head holds a NaN, which rank 0's numeric check names (the loss stays finite)."""
     res, said = _capture_spec(tmp_path, "unused_head.py", """
         import torch
         class TwoHeads(torch.nn.Module):
             def __init__(self):
                 super().__init__()
                 self.body, self.head, self.spare = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+                with torch.no_grad():
+                    self.spare.bias[1] = float("nan")
             def forward(self, x): return self.head(torch.relu(self.body(x))).square().mean()
         def build(): return TwoHeads(), (torch.randn(4, 8),)
     """)
     assert res.trace.ranks == (0, 1)
+    assert list(res.trace.meta["capture"]["warnings"]) == [
+        "after the profiled steps 1 of 6 parameters hold NaN or inf (first: spare.bias): the steps that ran on them "
+        "timed non-finite arithmetic"]
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["spare.weight", "spare.bias"]
     assert any("find_unused_parameters=True" in m and "spare.weight" in m for m in said), said
 
