@@ -141,7 +141,11 @@ def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False
     return train_step
 
 
-def nonfinite_output(out: Any, mode: str) -> list[str]:
+# said after a numeric warning of an fp16 capture: its range (max 65504) is what overflows in most models
+FP16_HINT = " (fp16 overflows where fp32 would not: --dtype bfloat16 keeps fp32's range)"
+
+
+def nonfinite_output(out: Any, mode: str, dtype: str = "float32") -> list[str]:
     """[one line] when the first (unprofiled) step's loss, or in inference the mean of its first
     floating-point output, is NaN or inf: the profile then times non-finite arithmetic (and MoE
     routing over NaN scores), not the model's real work; [] otherwise."""
@@ -152,10 +156,11 @@ def nonfinite_output(out: Any, mode: str) -> list[str]:
     if bool(torch.isfinite(value).all()):
         return []
     what = "loss" if mode == "train" else "output (mean of its first floating-point tensor)"
-    return [f"the first step's {what} was {value.float().item()}: the profiled steps ran non-finite arithmetic"]
+    return [f"the first step's {what} was {value.float().item()}: the profiled steps ran non-finite arithmetic"
+            + (FP16_HINT if dtype == "float16" else "")]
 
 
-def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+def nonfinite_parameters(model: torch.nn.Module, dtype: str = "float32") -> list[str]:
     """[one line] naming the parameters holding NaN or inf after the profiled training steps."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module  # named as the user's model
@@ -164,7 +169,7 @@ def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
     if not bad:
         return []
     return [f"after the profiled steps {len(bad)} of {len(named)} parameters hold NaN or inf (first: {bad[0]}): "
-            "the steps that ran on them timed non-finite arithmetic"]
+            "the steps that ran on them timed non-finite arithmetic" + (FP16_HINT if dtype == "float16" else "")]
 
 
 def unused_parameters(loaded: LoadedModel) -> list[str]:
@@ -350,7 +355,7 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     step = guarded(loaded.spec, make_step(loaded, plan))
     build_s = time.perf_counter() - t0
     say(0, plan.steps, "first step (unprofiled)")
-    warnings = nonfinite_output(step(-1), plan.mode)
+    warnings = nonfinite_output(step(-1), plan.mode, plan.dtype)
     if wrap_model is not None:  # DDP rebuilds its buckets in its 2nd iteration (broadcasting their
         step(-1)                # indices): keep that one-off out of the FLOPs pass and the profile
     costs = None
@@ -366,7 +371,7 @@ def capture(spec: str | LoadedModel, plan: CapturePlan, out_dir: str | Path, *, 
     say(0, plan.steps, f"running {plan.steps} steps ({plan.wait} wait, {plan.warmup} warm-up, {plan.active} active)")
     result, samples, off = _run_backend(backend, step, plan, out_dir, say)
     if plan.mode == "train":
-        warnings += nonfinite_parameters(loaded.model)
+        warnings += nonfinite_parameters(loaded.model, plan.dtype)
     say(plan.steps, plan.steps, "joining FLOPs and bytes to the profiled ops")
     trace, off = _assemble(loaded, plan, result.trace, costs, samples, off, warnings)
     timings = {"build_s": build_s, "flops_pass_s": flops_s, **result.timings, "total_s": time.perf_counter() - t0}

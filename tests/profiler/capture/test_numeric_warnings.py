@@ -81,3 +81,13 @@ def test_helpers_on_their_own():
     assert "inf" in nonfinite_output({"logits": torch.tensor([float("inf")])}, "infer")[0]
     ddp_like = torch.nn.Linear(2, 2)
     assert nonfinite_parameters(ddp_like) == []
+
+
+def test_fp16_warnings_suggest_bf16():
+    said = nonfinite_output(torch.tensor(float("inf")), "train", "float16")[0]
+    assert said.endswith("(fp16 overflows where fp32 would not: --dtype bfloat16 keeps fp32's range)")
+    m = torch.nn.Linear(2, 2).half()
+    with torch.no_grad():
+        m.weight[0, 0] = float("inf")
+    assert nonfinite_parameters(m, "float16")[0].endswith("--dtype bfloat16 keeps fp32's range)")
+    assert "bfloat16" not in nonfinite_parameters(m, "bfloat16")[0]
