@@ -1,14 +1,14 @@
 """Which `hf:MODEL_TYPE` specs build and train: every text LM type transformers knows, at a preset.
 
-Not a timed benchmark: a compatibility sweep behind the count in docs/capture.md. Each type is
-built as a capture builds it (`load_spec` and the runner's `prepare`: its default config shrunk to
-the preset, in --dtype), then one forward with labels and one backward run; a type gets
---timeout-s seconds (SIGALRM). With --capture, each type that trains is also captured as a user
-would (`python -m profiler capture hf:TYPE --size SIZE --mode MODE --dtype DTYPE --steps 1
---ceilings quick`, in this process; --mode infer takes the no-grad forward path, other code in
-some models; --dtype bfloat16 or float16 builds the model in that precision) and the row keeps the
-share of its recorded ops the join matched to profiled ones. Rows (model_type, head, dtype,
-status, parameters, seconds, error, captured, joined) go to --out (default
+Not a timed benchmark: a compatibility sweep behind the count in docs/capture.md. Each type is built
+as a capture builds it (`load_spec` and the runner's `prepare`: its default config shrunk to the
+preset, in --dtype), then one forward with labels and one backward run; a type gets --timeout-s
+seconds (SIGALRM). With --capture, each type that trains is also captured as a user would (`python
+-m profiler capture hf:TYPE --size SIZE --mode MODE --dtype DTYPE --steps 1 --ceilings quick`, in
+this process; --mode infer takes the no-grad forward path, other code in some models; --dtype
+bfloat16 or float16 builds the model in that precision) and the row keeps the share of its recorded
+ops the join matched to profiled ones. Rows (model_type, head, dtype, status, parameters, seconds,
+error, captured, joined, warnings: the capture's numeric warnings) go to --out (default
 benchmarks/results/hf_sweep.csv), replacing the file, with transformers' version and the date in
 every row.
 
@@ -71,7 +71,7 @@ def capture_one(model_type: str, size: str, timeout_s: int, mode: str = "train",
     "joined": the join's match rate}."""
     from profiler.cli import main as cli
 
-    row = {"captured": "ok", "joined": ""}
+    row = {"captured": "ok", "joined": "", "warnings": ""}
     with tempfile.TemporaryDirectory(prefix="fl_hf_capture_") as out:
         said = io.StringIO()
         signal.alarm(timeout_s)
@@ -85,6 +85,7 @@ def capture_one(model_type: str, size: str, timeout_s: int, mode: str = "train",
             else:
                 summary = json.loads((Path(out) / "summary.json").read_text())
                 row["joined"] = round(summary["capture"]["join"]["match_rate"], 4)
+                row["warnings"] = " | ".join(summary.get("warnings") or [])[:300]  # steps ran on NaN/inf
         except _TimedOut:
             row["captured"] = f"over {timeout_s} s"
         finally:
@@ -113,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for t in types:
         row = {"date": stamp, "transformers": transformers.__version__, "size": args.size, "mode": args.mode,
-               "dtype": args.dtype, **sweep_one(t, args.size, args.timeout_s, args.dtype), "captured": "", "joined": ""}
+               "dtype": args.dtype, **sweep_one(t, args.size, args.timeout_s, args.dtype), "captured": "", "joined": "", "warnings": ""}
         if args.capture and row["status"] == "ok":
             row.update(capture_one(t, args.size, 3 * args.timeout_s, args.mode, args.dtype))
         rows.append(row)
         print(f"{t:32s} {row['status']:8s} {row['parameters']!s:>11s} {row['seconds']:6.2f}s {row['error'][:90]}"
-              f"{'' if not args.capture else ' capture ' + str(row['captured'])[:60] + ' joined ' + str(row['joined'])}",
+              f"{'' if not args.capture else ' capture ' + str(row['captured'])[:60] + ' joined ' + str(row['joined'])}"
+              f"{' NaN/inf: ' + row['warnings'][:60] if row['warnings'] else ''}",
               flush=True)
     with open(args.out, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -128,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{ok} of {len(rows)} build and train at {args.size} (transformers {transformers.__version__}) -> {args.out}")
     if args.capture:
         joined = [r["joined"] for r in rows if r["captured"] == "ok"]
+        warned = [r["model_type"] for r in rows if r["warnings"]]
         print(f"{len(joined)} of {ok} capture; ops joined: min {min(joined, default=0):.3f}, "
-              f"{sum(j >= 0.97 for j in joined)} at 97% or more")
+              f"{sum(j >= 0.97 for j in joined)} at 97% or more; {len(warned)} ran on NaN/inf"
+              f"{': ' + ', '.join(warned) if warned else ''}")
     return 0
 
 
