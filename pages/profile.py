@@ -10,7 +10,7 @@ import streamlit as st
 
 from pages import profile_view as pv
 from pages.state import require_router, set_trace
-from profiler.capture.backends import DTYPES, MODES, CapturePlan, available_backends
+from profiler.capture.backends import AUTOCAST_DTYPES, DTYPES, MODES, CapturePlan, available_backends
 from profiler.capture.ceilings import data_dir
 from profiler.capture.sources import environment, plan_sources
 from profiler.errors import FusionLensError
@@ -65,6 +65,10 @@ device = cols[0].selectbox("Device", pv.usable(pv.device_options(env)), key="pro
 if env["cuda"]:
     cols[0].toggle("cuda", value=False, disabled=True, key="profile_cuda_off", help=env["cuda"])
 dtype = cols[1].selectbox("dtype", DTYPES, key="profile_dtype")
+autocast = cols[1].selectbox("autocast (AMP)", AUTOCAST_DTYPES, key="profile_autocast",
+                             format_func=lambda v: v or "off",
+                             help="Mixed precision as AMP trains: fp32 weights (dtype float32), the forward and "
+                                  "loss under torch.autocast in this dtype, fp16 training with a GradScaler")
 mode = cols[2].radio("Mode", MODES, key="profile_mode", horizontal=True,
                      format_func={"train": "train (fwd+bwd+AdamW)", "infer": "infer"}.get)
 batch = cols[3].number_input("Batch", min_value=1, value=None, step=1, key="profile_batch",
@@ -111,7 +115,8 @@ if st.button("Profile", type="primary", key="profile_run"):
     try:
         request = pv.make_request(spec, size=size, batch=batch, settings=settings, device=device, dtype=dtype,
                                   mode=mode, wait=wait, warmup=warmup, active=active, backend=backend,
-                                  ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml, nproc=nproc)
+                                  ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml, nproc=nproc,
+                                  autocast=autocast)
         outcome = pv.run_profile(request, data_dir() / "captures", pv.quiet_while_timed(progress, request.plan), env)
     except (FusionLensError, MemoryError, OSError) as exc:
         st.session_state.pop(RESULT_KEY, None)
@@ -154,14 +159,15 @@ if outcome.roofline is not None and modules is not None:
                                      "of the name (Model.blocks.0 at depth 3)")
     modules = pv.modules_at_depth(modules, depth, summary.get("roofline_ceilings"))
     points = modules if per == "modules" else outcome.roofline
-chart = pv.roofline_chart(points, summary.get("roofline_ceilings"), outcome.request.plan.dtype)
+compute_dtype = outcome.request.plan.autocast or outcome.request.plan.dtype  # the matmuls' dtype
+chart = pv.roofline_chart(points, summary.get("roofline_ceilings"), compute_dtype)
 if chart is not None:
     st.plotly_chart(chart, width="stretch", key="profile_roofline_chart")
 st.markdown(f"**Roofline: top {pv.ROOFLINE_TOP} op types by headroom**")
 if roof.empty:
     st.warning(f"No roofline table: {summary.get('roofline_missing') or 'no op carried FLOPs and bytes'}")
 else:
-    st.caption(pv.ceilings_note(summary.get("roofline_ceilings"), outcome.request.plan.dtype) +
+    st.caption(pv.ceilings_note(summary.get("roofline_ceilings"), compute_dtype) +
                " Intensity is algorithmic (FLOPs / lower-bound bytes). Headroom = time - time at the roof.")
     num = st.column_config.NumberColumn
     roof_columns = {

@@ -149,7 +149,8 @@ class ProfileRequest:
         p = self.plan
         size = "" if self.spec_kind == "local" else f" ({self.size})"
         ranks = f", {self.nproc} ranks (DDP)" if self.nproc > 1 else ""
-        return f"captured: {self.spec}{size}, {p.device}/{p.dtype}, {p.mode}{ranks}, {p.active} active step(s)"
+        amp = f" + autocast {p.autocast}" if p.autocast else ""
+        return f"captured: {self.spec}{size}, {p.device}/{p.dtype}{amp}, {p.mode}{ranks}, {p.active} active step(s)"
 
     @property
     def spec_kind(self) -> str:
@@ -161,12 +162,13 @@ class ProfileRequest:
 
 def make_request(spec: str, *, size: str, batch: Optional[int], settings: str, device: str, dtype: str,
                  mode: str, wait: int, warmup: int, active: int, backend: str, ceilings: str,
-                 heavy: Mapping[str, bool], flops: bool = True, nvml: bool = True, nproc: int = 1) -> ProfileRequest:
+                 heavy: Mapping[str, bool], flops: bool = True, nvml: bool = True, nproc: int = 1,
+                 autocast: Optional[str] = None) -> ProfileRequest:
     """Build and validate a request from the form's values; ProfileInputError names the spec."""
     spec = spec.strip()
     try:
         plan = CapturePlan(device=device, dtype=dtype, mode=mode, wait=int(wait), warmup=int(warmup),
-                           active=int(active), backend=backend, flops=flops, nvml=nvml,
+                           active=int(active), backend=backend, flops=flops, nvml=nvml, autocast=autocast,
                            **{k: bool(heavy.get(k, False)) for k in HEAVY_OPTIONS})
     except CaptureError as exc:
         raise ProfileInputError(f"spec {spec!r}: {exc}") from None
@@ -333,9 +335,11 @@ def ceilings_note(used: Optional[Mapping[str, Any]], dtype: str) -> str:
         return "Ceilings: none recorded."
     details = used.get("details") or {}
     how = ", ".join(f"{label}{details[k]}" for k, label in (("mode", ""), ("cache", "cache ")) if details.get(k))
-    peak = (used.get("peak_flops_per_s") or {}).get(ROOF_DTYPES.get(dtype, "fp32"))
+    peaks, roof = used.get("peak_flops_per_s") or {}, ROOF_DTYPES.get(dtype, "fp32")
+    which = f"({roof})" if peaks.get(roof) is not None or roof == "fp32" else f"(fp32's: no {roof} peak measured)"
+    peak = peaks.get(roof, peaks.get("fp32"))
     note = (f"Ceilings: {used.get('source', '?')}{f' ({how})' if how else ''}: peak {si(peak, 'FLOP/s')} "
-            f"({ROOF_DTYPES.get(dtype, dtype)}), bandwidth {si(used.get('mem_bw_bytes_per_s'), 'B/s')}.")
+            f"{which}, bandwidth {si(used.get('mem_bw_bytes_per_s'), 'B/s')}.")
     if details.get("remeasured_because"):
         note += f" Re-measured for this capture: {details['remeasured_because']}."
     return note

@@ -146,14 +146,16 @@ def roofline_points(trace: Any, ceilings: Ceilings, default_dtype: str = "fp32",
     dtype = _row_dtypes(ev, default_dtype) if len(ev) else pd.Series([], dtype=str)
     peak_of = {d: ceilings.peak_for(d) for d in set(dtype)}
     missing = sorted(d for d, p in peak_of.items() if p is None)
-    if missing:  # a dtype the ceilings lack is put under the fallback dtype's roof, counted
+    roof = dtype
+    if missing:  # a dtype the ceilings lack is put under the fallback dtype's roof, counted; the
+        # dtype column keeps what the op ran in (fp16 GEMMs under the fp32 roof stay "fp16")
         excluded[f"no_peak_for_{'_'.join(missing)}_used_{fallback}"] = int(dtype.isin(missing).sum())
-        dtype = dtype.where(~dtype.isin(missing), fallback)
+        roof = dtype.where(~dtype.isin(missing), fallback)
         peak_of[fallback] = ceilings.peak_for(fallback)
     flops = ev["flops"].to_numpy(float)
     nbytes = ev["bytes_moved"].to_numpy(float)
     dur_s = ev["dur_us"].to_numpy(float) / 1e6
-    peak = dtype.map(peak_of).to_numpy(float)
+    peak = roof.map(peak_of).to_numpy(float)
     bw = ceilings.mem_bw_bytes_per_s
     with np.errstate(divide="ignore", invalid="ignore"):
         intensity = np.where(nbytes > 0, flops / nbytes, np.inf)

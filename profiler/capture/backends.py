@@ -39,6 +39,7 @@ from profiler.trace.model import Trace
 DEVICES = ("cpu", "cuda")
 MODES = ("train", "infer")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+AUTOCAST_DTYPES = (None, "bfloat16", "float16")
 BUILTIN_BACKEND_MODULES = ("profiler.capture.kineto", "profiler.capture.cupti_tracer")
 
 ProgressFn = Callable[[int, int, str], None]
@@ -58,6 +59,8 @@ class CapturePlan:
     benchmarks/bench_capture.py); off by default because every op the cost pass matches gets its
     shapes and dtypes from that untimed pass, in the same format.
     flops: run the separate untimed FLOPs/bytes pass and join it to the trace.
+    autocast: None, or "bfloat16"/"float16": mixed-precision steps (fp32 weights, the forward and
+    loss under torch.autocast, fp16 with a GradScaler), as AMP training runs; needs dtype float32.
     """
 
     device: str = "cpu"
@@ -72,6 +75,7 @@ class CapturePlan:
     nvml: bool = True
     flops: bool = True
     backend: str = "kineto"
+    autocast: Optional[str] = None
 
     def __post_init__(self) -> None:
         kind, sep, index = self.device.partition(":")
@@ -79,6 +83,10 @@ class CapturePlan:
             raise CaptureError(f"device must be one of {DEVICES} (optionally cuda:N), got {self.device!r}")
         if self.dtype not in DTYPES:
             raise CaptureError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.autocast not in AUTOCAST_DTYPES:
+            raise CaptureError(f"autocast must be one of {AUTOCAST_DTYPES[1:]} or off, got {self.autocast!r}")
+        if self.autocast and self.dtype != "float32":
+            raise CaptureError(f"autocast {self.autocast} runs over fp32 weights: use dtype float32, not {self.dtype}")
         if self.mode not in MODES:
             raise CaptureError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name, low in (("wait", 0), ("warmup", 0), ("active", 1)):

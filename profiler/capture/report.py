@@ -104,11 +104,11 @@ def write_roofline_with_ceilings(trace: Any, plan: CapturePlan, choice: str, out
                 ceilings, reason = rl.resolve_ceilings(
                     trace, None, hint="choose measured (or quick) ceilings for this machine, e.g. --ceilings measured")
             if ceilings is not None:
-                table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
+                table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.autocast or plan.dtype, "fp32"))
                 over = above_compute_roof(table) if not plan.is_cuda and choice in ("measured", "quick") else None
                 if over is not None and len(over) and (again := remeasured(ceilings, choice, over)) is not ceilings:
                     ceilings = again
-                    table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.dtype, "fp32"))
+                    table, modules = rl.roofline_tables(trace, ceilings, ROOF_DTYPES.get(plan.autocast or plan.dtype, "fp32"))
                 if table.empty:
                     reason = empty_roofline_reason(trace, plan)
     if table is None or table.empty:

@@ -102,7 +102,9 @@ def adam_eps(params: list[torch.Tensor]) -> float:
 
 def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False) -> Callable[[int], Any]:
     """step_fn(i): one training step (fwd + bwd + AdamW) or one inference forward, synchronised;
-    it returns the loss (training) or the model's output.
+    it returns the loss (training) or the model's output. With `plan.autocast` the forward and the
+    loss run under torch.autocast (AMP), and fp16 training scales the loss with a GradScaler, whose
+    unscale, inf check and skipped steps are part of such a training step.
 
     recording=True: the inference step the FLOPs recorder runs, under no_grad instead of
     inference_mode. Under a dispatch mode, inference_mode hands composite ops to the mode whole and
@@ -112,13 +114,16 @@ def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False
     model = loaded.model
     # the plan's GPU: a bare synchronize() waits for the current device only (cuda:0 under --device cuda:1)
     sync = functools.partial(torch.cuda.synchronize, torch.device(plan.device)) if plan.is_cuda else (lambda: None)
+    device_type = torch.device(plan.device).type
+    amp = (functools.partial(torch.autocast, device_type, dtype=DTYPES[plan.autocast]) if plan.autocast
+           else contextlib.nullcontext)
     if plan.mode == "infer":
         model.eval()
 
         grad_off = torch.no_grad if recording else torch.inference_mode
 
         def infer_step(i: int) -> Any:
-            with grad_off():
+            with grad_off(), amp():
                 out = loaded.call()
             sync()
             return out
@@ -129,12 +134,19 @@ def make_step(loaded: LoadedModel, plan: CapturePlan, *, recording: bool = False
     if not params:
         raise SpecError(f"spec {loaded.spec!r}: the model has no trainable parameters; use --mode infer")
     opt = torch.optim.AdamW(params, lr=1e-4, eps=adam_eps(params))
+    scaler = torch.amp.GradScaler(device_type) if plan.autocast == "float16" else None
 
     def train_step(i: int) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(loaded.call())
-        loss.backward()
-        opt.step()
+        with amp():
+            loss = loss_of(loaded.call())
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         sync()
         return loss
 

@@ -26,6 +26,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", default="float32", type=dtype_name, choices=["float32", "float16", "bfloat16", "float64"],
                    help="model dtype (default float32; bf16, fp16, fp32, fp64, half and double are accepted too)")
+    p.add_argument("--autocast", default=None, type=dtype_name, choices=["bfloat16", "float16"],
+                   help="mixed precision (AMP): fp32 weights, forward and loss under torch.autocast in this dtype "
+                        "(fp16 training adds a GradScaler); off by default")
     p.add_argument("--mode", default="train", choices=["train", "infer"])
     p.add_argument("--steps", type=int, default=3, help="profiled (active) steps (default 3)")
     p.add_argument("--wait", type=int, default=1, help="unprofiled steps first (default 1)")
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         plan = CapturePlan(device=args.device, dtype=args.dtype, mode=args.mode, wait=args.wait,
                            warmup=args.warmup, active=args.steps, record_shapes=args.shapes,
                            profile_memory=args.memory, with_stack=args.stack, nvml=not args.no_nvml,
-                           flops=not args.no_flops, backend=args.backend)
+                           flops=not args.no_flops, backend=args.backend, autocast=args.autocast)
     except CaptureError as exc:
         raise UsageError(str(exc)) from None
     overrides = parse_settings(args.set)

@@ -114,6 +114,7 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                        "        m.weight[0, 0] = float('nan')\n    return m, (torch.randn(32, 64),)\n")
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
+                ("zoo_amp_fp16_train", "gpt2-naive:tiny", "train", None),  # autocast fp16 + GradScaler, fp32 weights
                 ("ddp_train", "mlp:tiny", "train", None),  # Ranks 2: a real gloo DDP run from the server
                 ("hf_auto_train", "hf:mistral:tiny", "train", None),  # a model_type beyond the written-out three
                 ("hf_blt_train", "hf:blt", "train", None),  # four models in one (byte encoder, global, decoder, patcher)
@@ -157,6 +158,8 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 _number(page, "Active steps (kept)", 10)
             if label.startswith("ddp"):
                 _number(page, "Ranks (DDP)", 2)
+            if "amp_fp16" in label:
+                _pick(page, "autocast (AMP)", "float16")
             page.get_by_role("button", name="Profile", exact=True).click()
             try:  # catch the progress bar while the capture runs (a tiny one may finish first)
                 page.get_by_test_id("stProgress").wait_for(timeout=5_000)

@@ -142,7 +142,9 @@ def test_module_rollup_sums_children_into_their_ancestors():
 def test_dtype_without_a_peak_falls_back_to_fp32_and_is_counted():
     trace = make_trace([op("x", 1e6, 1e6, 20.0), op("y", 1e6, 1e6, 20.0, types='["double"]')])
     pts, excluded = roofline_points(trace, CEIL, default_dtype="fp64")  # CEIL has fp32 and bf16 only
-    assert excluded["no_peak_for_fp64_used_fp32"] == 2 and set(pts["dtype"]) == {"fp32"}
+    assert excluded["no_peak_for_fp64_used_fp32"] == 2
+    # the rows keep the dtype they ran in; only the roof is fp32's
+    assert set(pts["dtype"]) == {"fp64"} and (pts["peak_flops_per_s"] == CEIL.peak_for("fp32")).all()
     with pytest.raises(RooflineError):
         roofline_points(trace, Ceilings({"bf16": 1e12}, 1e11, "measured"), default_dtype="fp64")
     assert lookup_device("NVIDIA L4").spec.ceilings().peak_for("fp64") is None
