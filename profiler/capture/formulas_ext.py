@@ -25,7 +25,9 @@ them. Conventions as in `formulas` (per element of the named tensor; a multiply-
 - the GEMM family's in-place and vector forms, 2 per multiply-add as torch counts mm: addmm_ and
   baddbmm_ by torch's own addmm/baddbmm rules (FusionLens's chunked linear + cross-entropy
   accumulates its weight gradient with addmm_), addbmm 2BMKN, mv/addmv 2MK, dot/vdot 2N, addr
-  2MN; cross product 3 per output element; cdist 3D per distance (difference, square, sum).
+  2MN; cross product 3 per output element; cdist 3D per distance (difference, square, sum);
+- AMP's GradScaler (fp16 autocast training): unscaling 1 per gradient element (the multiply; the
+  finiteness check is a comparison, 0), the scale update 2 (scale and growth tracker, one element).
 """
 from __future__ import annotations
 
@@ -222,3 +224,12 @@ register_flops(*_packets("linalg_cross"))(_per_output(3))
 def cdist_flops(x1, x2, *args, out_val=None, **kwargs) -> int:
     """[.., P, D] against [.., R, D]: 3 * D per distance."""
     return 3 * x1.shape[-1] * numel(_first_out(out_val))
+
+
+@register_flops(*_packets("_amp_foreach_non_finite_check_and_unscale_", "_amp_foreach_non_finite_check_and_unscale"))
+def amp_unscale_flops(grads, found_inf, inv_scale, *args, out_val=None, **kwargs) -> int:
+    """grads *= inv_scale (1 per element) and an inf/NaN check (a comparison: 0)."""
+    return sum(numel(g) for g in grads if isinstance(g, torch.Tensor))
+
+
+register_flops(*_packets("_amp_update_scale_", "_amp_update_scale"))(_per_input(2))

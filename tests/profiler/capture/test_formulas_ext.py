@@ -153,3 +153,19 @@ def test_fused_linear_cross_entropy_training_step_has_no_unknown_op():
     # the chunks' logits and weight-gradient GEMMs: forward x @ W^T, backward dlogits @ W and dlogits^T @ x
     gemm = df[df["name"].isin(["aten::mm", "aten::addmm", "aten::addmm_"])]["flops"].sum()
     assert gemm >= 3 * 2 * 24 * 16 * 50
+
+
+def test_grad_scaler_ops():
+    """AMP's GradScaler: unscaling multiplies every grad element once (the inf check is a
+    comparison, 0); the scale update is 2 (scale and growth tracker). Bytes: grads read and
+    written, plus the scalars."""
+    grads = [torch.randn(7, 3), torch.randn(11)]
+    found_inf, inv_scale = torch.zeros(1), torch.full((1,), 0.5)
+    row = only(costs_of(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)),
+               "aten::_amp_foreach_non_finite_check_and_unscale_")
+    assert row.flops == 21 + 11 and row.rule != "unknown"
+    assert row.bytes_moved >= 2 * 4 * (21 + 11)  # each grad read and written in place
+    scale, tracker = torch.full((1,), 65536.0), torch.zeros(1, dtype=torch.int32)
+    row = only(costs_of(lambda: torch._amp_update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2000)),
+               "aten::_amp_update_scale_")
+    assert row.flops == 2 and row.rule != "unknown"
