@@ -153,7 +153,8 @@ def _add_norm_fits(x, residual, weight=None, bias=None, *_: Any, **__: Any) -> s
 
 def _aten_ln_dtypes(x, weight=None, bias=None, *_: Any, **__: Any) -> str | None:
     """F.layer_norm takes parameters in x's dtype or, on CPU only, a bf16/fp16 x with every
-    parameter fp32 (one fp32 and one bf16 parameter raises there)."""
+    parameter fp32 (one fp32 and one bf16 parameter raises there), and a weight among them: with
+    an fp32 bias alone its backward raises (found by tests/kernels/fuzz.py)."""
     params = [t for t in (weight, bias) if isinstance(t, torch.Tensor)]
     if all(t.dtype == x.dtype for t in params):
         return None
@@ -161,11 +162,14 @@ def _aten_ln_dtypes(x, weight=None, bias=None, *_: Any, **__: Any) -> str | None
         return "mixed parameter dtypes: F.layer_norm takes them on CPU only"
     if any(t.dtype != torch.float32 for t in params):
         return "mixed parameter dtypes: F.layer_norm takes them only when every parameter is float32"
+    if weight is None:
+        return "an fp32 bias without a weight on a low-precision x: F.layer_norm's backward raises"
     return None
 
 
 def _aten_add_ln_dtypes(x, residual, weight=None, bias=None, *_: Any, **__: Any) -> str | None:
-    return _aten_ln_dtypes(x, weight, bias)
+    s = x if residual.dtype == x.dtype else x.new_empty((), dtype=torch.promote_types(x.dtype, residual.dtype))
+    return _aten_ln_dtypes(s, weight, bias)  # the norm runs on x + residual, in the promoted dtype
 
 
 def _triton_fits(x, *args, **kwargs) -> str | None:

@@ -68,7 +68,11 @@ _ops = functools.partial(provider_ops, triton_module="kernels.triton_softmax")
 def _expanded_mask(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """The mask as a broadcast view of x's shape whose last dim is contiguous (the kernels' input)."""
     m = mask.expand(shape)  # stride 0 on broadcast dims: no copy
-    return m if m.stride(-1) == 1 else m.contiguous()
+    if m.stride(-1) == 1:
+        return m
+    if m.shape[-1] == 1:  # one element a row: any stride reads it, but torch calls such a view
+        return m.as_strided(m.shape, (*m.stride()[:-1], 1))  # contiguous and would not restride it
+    return m.contiguous()
 
 
 class _SoftmaxFn(torch.autograd.Function):

@@ -10,8 +10,8 @@ import kernels
 from kernels import norms
 from kernels.registry import KERNELS, dispatch, select_provider, why_not
 from tests.kernels.norm_cases import CASES
-from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches, eps, fwd_bwd, make,
-                                    to_f64, with_nonfinite)
+from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, assert_matches, check_against_reference, eps,
+                                    fwd_bwd, make, to_f64, with_nonfinite)
 
 
 pytestmark = pytest.mark.usefixtures("cpu_provider")
@@ -244,6 +244,20 @@ def test_aten_layer_norm_takes_mixed_parameters_on_cpu_only() -> None:
     assert norms._aten_ln_dtypes(x, w, b, 1e-5) is None
     assert "CPU only" in norms._aten_ln_dtypes(x.to("meta"), w.to("meta"), None, 1e-5)
     assert norms._aten_ln_dtypes(x.to("meta"), w.to("meta").bfloat16(), None, 1e-5) is None
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+def test_aten_is_not_admitted_for_an_fp32_bias_alone_on_low_precision(name: str) -> None:
+    """F.layer_norm's backward raises for a bf16/fp16 x with an fp32 bias and no weight (found by
+    tests/kernels/fuzz.py: the aten provider admitted it); add_layer_norm judges x + residual's
+    dtype (an fp32 residual makes the sum fp32, where F.layer_norm takes anything fp32)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        x, b = make((4, 16), dtype), make((16,), torch.float32, 2)
+        args = [x, None, b, 1e-5] if name == "layer_norm" else [x, make((4, 16), dtype, 3), None, b, 1e-5]
+        assert "backward raises" in why_not(KERNELS[name], "aten", tuple(args), {})
+        check_against_reference(getattr(kernels, name), KERNELS[name].reference, args, dtype)  # the automatic choice
+    x = make((4, 16), torch.bfloat16)
+    assert norms._aten_add_ln_dtypes(x, x.float(), None, make((16,), torch.float32, 2)) is None
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])

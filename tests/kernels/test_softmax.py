@@ -95,6 +95,14 @@ def test_other_dims(dim: int) -> None:
     check("cpu", [x, make((1, 6, 7), torch.float32, seed=2)], torch.float32, dim=dim)
 
 
+@pytest.mark.parametrize("provider", ["cpu", "reference"])
+def test_other_dim_with_a_mask_over_a_last_dim_of_one(provider: str) -> None:
+    """Found by the fuzzer (tests/kernels/fuzz.py): moving dim 0 last leaves the mask's new last
+    dim of size 1 with a stride torch ignores (so .contiguous() kept it), and the kernel refused."""
+    x = make((1, 1, 8), torch.float16, seed=1)  # softmax over a dim of size 1
+    check(provider, [x, make((1, 8), torch.float16, seed=2)], torch.float16, dim=0, scale=0.125)
+
+
 @pytest.mark.parametrize("layout", ["transposed", "strided"])
 def test_non_contiguous(layout: str) -> None:
     x = make((3, 5, 130), torch.float32, seed=1, layout=layout)

@@ -1,0 +1,418 @@
+"""Randomised differential fuzzing of the public kernels against eager and a float64 truth.
+
+`python -m tests.kernels.fuzz --seconds 600` (`make fuzz`; not part of `make test`, whose
+`test_fuzz_smoke.py` runs a few dozen fixed cases) draws cases the parametrised tests do not
+enumerate: random shapes (batch dims, 1 row, zero rows, odd and wide last dims), an independent
+memory layout per tensor (contiguous, transposed, every other element), mixed parameter dtypes,
+value ranges that stress the numerics (a large common offset under a tiny spread, large logits),
+planted NaN/Inf, broadcast masks with fully masked rows, GQA and seq-first RoPE layouts, ignored
+targets, smoothing, reductions and chunk sizes. Every provider a call admits (`cpu`, `aten`; not
+`triton` without a GPU) runs with poisoned outputs, forward and backward, and is judged by
+`numerics.assert_matches` (error against float64 within 2x eager's own, non-finite positions as
+the truth's). Where eager raises, the provider must raise too. A failure prints one line with
+the seed that reproduces it: `python -m tests.kernels.fuzz --seed S --cases 1`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+import kernels
+from kernels.registry import KERNELS
+from tests.kernels.numerics import DTYPES, fwd_bwd, make, max_err, poisoned, to_f64, with_nonfinite
+
+MAX_NUMEL = 1 << 15  # per tensor: keeps a case in milliseconds on one core
+LEAD_SIZES = (1, 1, 2, 3, 5, 7, 16, 33)
+LAST_SIZES = (1, 2, 3, 5, 8, 16, 31, 33, 64, 100, 127, 128, 255, 256, 768, 1000, 1025, 2049, 4099)
+LAYOUTS = ("contiguous", "contiguous", "transposed", "strided")
+EAGER_REFUSES = (RuntimeError, IndexError, ValueError, TypeError)
+
+
+@dataclass
+class Case:
+    """One call: kernels.<kernel>(*inputs, **kwargs). Floating `inputs` get gradients; tensors in
+    `kwargs` (masks, rotary tables) do not."""
+    kernel: str
+    inputs: list
+    kwargs: dict = field(default_factory=dict)
+    what: str = ""
+
+    def judged_dtype(self) -> torch.dtype:
+        """The dtype eager's result has (promotion of the floating inputs): atol is in its eps."""
+        floats = [t.dtype for t in [*self.inputs, *self.kwargs.values()]
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        out = floats[0]
+        for d in floats[1:]:
+            out = torch.promote_types(out, d)
+        return out
+
+
+class Draw:
+    """Random choices for one case, all from one seed (so a seed reproduces the case)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.notes: list[str] = []
+
+    def pick(self, options, label: str = "") -> Any:
+        value = self.rng.choice(options)
+        if label:
+            self.notes.append(f"{label}={value}")
+        return value
+
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    def dtype(self) -> torch.dtype:
+        return self.pick(DTYPES)
+
+    def lead(self, last: int, max_dims: int = 3) -> list[int]:
+        """Leading dims whose product times `last` stays under MAX_NUMEL; now and then a zero."""
+        dims = [self.pick(LEAD_SIZES) for _ in range(self.pick(range(max_dims + 1)))]
+        while dims and math.prod(dims) * last > MAX_NUMEL:
+            dims[dims.index(max(dims))] //= 2
+        if dims and self.chance(0.03):
+            dims[self.rng.randrange(len(dims))] = 0
+        return dims
+
+    def last(self) -> int:
+        return self.pick(LAST_SIZES)
+
+    def tensor(self, shape, dtype, *, scale: float = 1.0, shift: float = 0.0, layout: Optional[str] = None,
+               label: str = "") -> torch.Tensor:
+        layout = layout or self.pick(LAYOUTS)
+        if layout == "transposed" and len(shape) < 2:
+            layout = "contiguous"
+        if label and layout != "contiguous":
+            self.notes.append(f"{label}:{layout}")
+        return make(shape, dtype, self.rng.randrange(1 << 30), scale=scale, shift=shift, layout=layout)
+
+    def values(self) -> tuple[float, float]:
+        """(scale, shift) of an input: mostly N(0,1); sometimes tiny spread on a large offset
+        (cancellation in a variance), small or large magnitudes."""
+        scale, shift = self.pick(((1.0, 0.0),) * 5 + ((0.01, 5.0), (1e-3, 0.0), (20.0, 0.0), (1.0, 3.0)))
+        if (scale, shift) != (1.0, 0.0):
+            self.notes.append(f"values={scale}*N+{shift}")
+        return scale, shift
+
+    def maybe_nonfinite(self, x: torch.Tensor, p: float = 0.08) -> torch.Tensor:
+        if x.numel() and x.dim() >= 2 and self.chance(p):
+            self.notes.append("nan/inf planted")
+            return with_nonfinite(x)
+        return x
+
+
+# ---- case generators, one per public kernel (registered by name) ---------------------------
+
+GENERATORS: dict[str, Callable[[Draw], Case]] = {}
+
+
+def generator(name: str):
+    def register(fn: Callable[[Draw], Case]) -> Callable[[Draw], Case]:
+        GENERATORS[name] = fn
+        return fn
+    return register
+
+
+def _param(d: Draw, n: int, dtype, label: str, *, shift: float = 0.0, p_none: float = 0.15):
+    return None if d.chance(p_none) else d.tensor((n,), dtype, shift=shift, label=label)
+
+
+def _norm_case(d: Draw, name: str) -> Case:
+    dt, n = d.dtype(), d.last()
+    pdt = d.pick((dt, dt, torch.float32), "param_dtype")
+    shape = [*d.lead(n), n]
+    scale, shift = d.values()
+    x = d.maybe_nonfinite(d.tensor(shape, dt, scale=scale, shift=shift, label="x"))
+    inputs = [x]
+    if name.startswith("add_"):
+        inputs.append(d.tensor(shape, d.pick((dt, dt, pdt)), label="residual"))
+    inputs.append(_param(d, n, pdt, "w", shift=d.pick((0.0, 1.0))))
+    kwargs: dict = {}
+    if name.endswith("layer_norm"):
+        inputs += [_param(d, n, pdt, "b"), d.pick((1e-5, 1e-6, 1e-12), "eps")]
+    else:
+        inputs.append(d.pick((1e-6, 1e-5, 1e-8), "eps"))
+        kwargs["offset"] = d.pick((0.0, 0.0, 1.0), "offset")
+        casting = d.pick((None, None, "llama", "gemma"), "casting")
+        if casting:
+            kwargs["casting"] = casting
+    return Case(name, inputs, kwargs)
+
+
+for _name in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"):
+    generator(_name)(lambda d, _n=_name: _norm_case(d, _n))
+
+
+@generator("gelu")
+def _gelu(d: Draw) -> Case:
+    n, dt = d.last(), d.dtype()
+    scale, shift = d.values()
+    x = d.maybe_nonfinite(d.tensor([*d.lead(n), n], dt, scale=scale, shift=shift, label="x"))
+    return Case("gelu", [x, d.pick(("none", "tanh"), "approximate")])
+
+
+@generator("bias_gelu")
+def _bias_gelu(d: Draw) -> Case:
+    n, dt = d.last(), d.dtype()
+    scale, shift = d.values()
+    x = d.maybe_nonfinite(d.tensor([*d.lead(n), n], dt, scale=scale, shift=shift, label="x"))
+    bias = d.tensor((n,), d.pick((dt, dt, torch.float32), "bias_dtype"), label="bias")
+    return Case("bias_gelu", [x, bias, d.pick(("none", "tanh"), "approximate")])
+
+
+def _glu(d: Draw, name: str) -> Case:
+    n, dt = d.last(), d.dtype()
+    shape = [*d.lead(n), n]
+    scale, shift = d.values()
+    a = d.maybe_nonfinite(d.tensor(shape, dt, scale=scale, shift=shift, label="a"))
+    b = d.tensor(shape, d.pick((dt, dt, dt, torch.float32), "b_dtype"), label="b")
+    extra = [d.pick(("none", "tanh"), "approximate")] if name == "geglu" else []
+    return Case(name, [a, b, *extra])
+
+
+generator("swiglu")(lambda d: _glu(d, "swiglu"))
+generator("geglu")(lambda d: _glu(d, "geglu"))
+
+
+@generator("softmax")
+def _softmax(d: Draw) -> Case:
+    n, dt = d.last(), d.dtype()
+    shape = [*d.lead(n), n]
+    scale, shift = d.values()
+    x = d.maybe_nonfinite(d.tensor(shape, dt, scale=scale, shift=shift, label="x"))
+    kwargs: dict = {"scale": d.pick((1.0, 1.0, 0.125, 1 / math.sqrt(n)), "scale")}
+    if len(shape) > 1 and d.chance(0.15):
+        kwargs["dim"] = d.pick(range(-len(shape), len(shape) - 1), "dim")
+    elif d.chance(0.3):
+        kwargs["causal"] = True
+        d.notes.append("causal")
+    if d.chance(0.5):  # an additive mask broadcast over some dims, with -inf entries and rows
+        mshape = [s if d.chance(0.5) else 1 for s in shape[:-1]][d.pick(range(len(shape))):] + [n]
+        mask = make(mshape, d.pick((dt, torch.float32)), d.rng.randrange(1 << 30))
+        mask = torch.where(torch.rand(mshape, generator=torch.Generator().manual_seed(d.rng.randrange(1 << 30)))
+                           < d.pick((0.0, 0.2, 0.9)), float("-inf"), mask).to(mask.dtype)
+        if mask.dim() > 1 and mask.shape[0] and d.chance(0.3):
+            mask[0] = float("-inf")  # a fully masked row: NaN, as eager
+            d.notes.append("masked row")
+        d.notes.append(f"mask{tuple(mshape)}:{str(mask.dtype)[6:]}")
+        kwargs["mask"] = mask
+    return Case("softmax", [x], kwargs)
+
+
+@generator("rope")
+def _rope(d: Draw) -> Case:
+    dt = d.dtype()
+    hd = d.pick((2, 4, 6, 8, 10, 16, 64, 128), "head_dim")
+    b, hk = d.pick((1, 2, 3), "batch"), d.pick((1, 2, 3), "heads_k")
+    hq = hk * d.pick((1, 1, 2, 4), "group")
+    s = d.pick((1, 2, 5, 17, 64), "seq")
+    tdt = d.pick((dt, dt, torch.float32), "table_dtype")
+    seq_first = d.chance(0.2)
+
+    def head(h: int, label: str) -> torch.Tensor:
+        layout = d.pick(("bhsd", "bshd->bhsd", "bhsd-strided"), f"{label}_layout") if not seq_first else "bshd"
+        if layout == "bhsd-strided":
+            return d.tensor((b, h, s, hd), dt, layout="strided")
+        if layout == "bshd->bhsd":  # HF's proj(x).view(B, S, H, D).transpose(1, 2)
+            return d.tensor((b, s, h, hd), dt, layout="contiguous").transpose(1, 2)
+        return d.tensor((b, s, h, hd) if seq_first else (b, h, s, hd), dt, layout="contiguous")
+
+    q, k = head(hq, "q"), head(hk, "k")
+    if seq_first:
+        d.notes.append("seq-first")
+        tshape = (d.pick((1, b)), s, 1, hd)
+    else:
+        tshape = d.pick(((s, hd), (b, s, hd), (1, 1, s, hd), (b, 1, s, hd)), "table_shape")
+    cos = d.tensor(tshape, tdt, layout="contiguous")
+    sin = d.tensor(tshape, tdt, layout="contiguous")
+    return Case("rope", [q, k], {"cos": cos, "sin": sin})
+
+
+def _targets(d: Draw, n: int, vocab: int, ignore_index: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(d.rng.randrange(1 << 30))
+    t = torch.randint(0, max(vocab, 1), (n,), generator=gen)
+    share = d.pick((0.0, 0.0, 0.3, 1.0), "ignored_share")
+    return torch.where(torch.rand(n, generator=gen) < share, torch.full_like(t, ignore_index), t)
+
+
+def _ce_kwargs(d: Draw) -> dict:
+    kwargs = {"reduction": d.pick(("mean", "mean", "sum", "none"), "reduction"),
+              "label_smoothing": d.pick((0.0, 0.0, 0.1), "smoothing")}
+    if d.chance(0.2):
+        kwargs["ignore_index"] = d.pick((0, 3), "ignore_index")
+    return kwargs
+
+
+@generator("cross_entropy")
+def _cross_entropy(d: Draw) -> Case:
+    dt, vocab = d.dtype(), d.pick((1, 2, 3, 5, 100, 1000, 4099, 32000), "vocab")
+    n = d.pick((0, 1, 2, 3, 7, 64), "rows")
+    n = min(n, max(1, MAX_NUMEL * 2 // vocab)) if n else 0
+    kwargs = _ce_kwargs(d)
+    logits = d.maybe_nonfinite(d.tensor((n, vocab), dt, scale=d.pick((1.0, 10.0, 30.0), "logit_scale"),
+                                        label="logits"), p=0.05)
+    return Case("cross_entropy", [logits, _targets(d, n, vocab, kwargs.get("ignore_index", -100))], kwargs)
+
+
+@generator("fused_linear_cross_entropy")
+def _flce(d: Draw) -> Case:
+    dt, vocab, hidden = d.dtype(), d.pick((1, 3, 100, 1000, 4099), "vocab"), d.pick((1, 8, 33, 64), "hidden")
+    n = d.pick((0, 1, 2, 7, 64), "rows")
+    wdt = d.pick((dt, dt, torch.float32), "weight_dtype")
+    kwargs = _ce_kwargs(d)
+    kwargs["chunk_size"] = d.pick((None, 1, 3, 7, 64), "chunk")
+    x = d.tensor((n, hidden), dt, label="x")
+    w = d.tensor((vocab, hidden), wdt, scale=1 / math.sqrt(hidden), label="w")
+    inputs = [x, w, _targets(d, n, vocab, kwargs.get("ignore_index", -100))]
+    if d.chance(0.3):
+        inputs.append(d.tensor((vocab,), wdt, label="bias"))
+    return Case("fused_linear_cross_entropy", inputs, kwargs)
+
+
+# ---- running and judging ----------------------------------------------------------------------
+
+def draw_case(seed: int, kernel: Optional[str] = None) -> Case:
+    d = Draw(seed)
+    name = kernel or d.rng.choice(sorted(GENERATORS))
+    case = GENERATORS[name](d)
+    case.what = f"{name} " + " ".join(
+        [f"{tuple(t.shape)}:{str(t.dtype)[6:]}" for t in case.inputs if isinstance(t, torch.Tensor)] + d.notes)
+    return case
+
+
+def _providers(name: str) -> list[str]:
+    """The providers to judge: every one but triton off a GPU (its interpreter is far too slow)."""
+    cuda = torch.cuda.is_available()
+    return [p for p in KERNELS[name].providers if p != "triton" or cuda]
+
+
+def _nonfinite_like(x: torch.Tensor, ref: torch.Tensor) -> bool:
+    """NaN, +Inf and -Inf at the same positions in x and ref."""
+    a, b = x.detach().double(), ref.detach().double()
+    return all(torch.equal(f(a), f(b)) for f in (torch.isnan, lambda t: t == math.inf, lambda t: t == -math.inf))
+
+
+def judge(ours: tuple, eager: tuple, truth: tuple, dtype: torch.dtype, baseline: Optional[tuple] = None, *,
+          factor: float = 2.0, atol_eps: float = 16.0) -> list[str]:
+    """Problems of `ours` against the float64 `truth` ([] when none), in numerics.assert_matches's
+    terms with two allowances: non-finite positions may follow the truth's or eager's (the same op
+    in the same dtype overflows where float64 does not, and ATen's vector and scalar paths differ
+    on gelu(-inf)), and the error bar is factor x the larger of eager's and the `baseline`'s (ATen's
+    fused op, the alternative a user picks: its reductions are not eager's pairwise sums)."""
+    if len(ours) != len(truth):
+        return [f"{len(ours)} results, the reference has {len(truth)}"]
+    problems = []
+    for i, (o, e, t) in enumerate(zip(ours, eager, truth)):
+        b = baseline[i] if baseline is not None else None
+        if o is None or t is None:
+            if (o is None) != (t is None):
+                problems.append(f"result {i}: None mismatch (ours {o is None}, reference {t is None})")
+            continue
+        if o.shape != e.shape or o.dtype != e.dtype:
+            problems.append(f"result {i}: {tuple(o.shape)} {o.dtype}, eager {tuple(e.shape)} {e.dtype}")
+            continue
+        if not (_nonfinite_like(o, t) or _nonfinite_like(o, e)):
+            n = int((o.detach().double().isfinite() != t.isfinite()).sum())
+            problems.append(f"result {i}: non-finite at other positions than the truth's and eager's ({n} differ)")
+            continue
+        both = o.detach().double().isfinite() & t.isfinite()
+        if not bool(both.any()):
+            continue
+        bar = max_err(e[both], t[both])
+        if b is not None and b.shape == o.shape and bool(b.double().isfinite()[both].all()):
+            bar = max(bar, max_err(b[both], t[both]))
+        err = max_err(o[both], t[both])
+        atol = atol_eps * torch.finfo(dtype).eps * max(1.0, float(t[both].abs().max()))
+        if not err <= factor * bar + atol:
+            problems.append(f"result {i} ({str(o.dtype)[6:]}, {tuple(o.shape)}): error {err:.3g} against float64 > "
+                            f"{factor} x {bar:.3g} (eager{' / aten' if b is not None else ''}) + atol {atol:.3g}")
+    return problems
+
+
+def check_case(case: Case) -> list[str]:
+    """Judge every provider on one case: [] when all agree with the truth, else one line each."""
+    fn = getattr(kernels, case.kernel)
+    kw64 = {k: to_f64(v) for k, v in case.kwargs.items()}
+    try:
+        eager = fwd_bwd(lambda *a: fn(*a, provider="reference", **case.kwargs), case.inputs)
+        truth = fwd_bwd(lambda *a: fn(*a, provider="reference", **kw64), to_f64(case.inputs))
+    except EAGER_REFUSES:
+        eager = truth = None
+    results: dict[str, Any] = {}
+    for provider in _providers(case.kernel):
+        call = lambda *a: fn(*a, provider=provider, **case.kwargs)  # noqa: E731
+        try:
+            with poisoned():
+                results[provider] = fwd_bwd(call, case.inputs)
+        except ValueError as exc:
+            if "unavailable" not in str(exc):  # else: this provider does not admit the call, and says why
+                results[provider] = exc
+        except Exception as exc:  # noqa: BLE001 - any raise where eager succeeds is a finding
+            results[provider] = exc
+    aten = results.get("aten")
+    baseline = aten if isinstance(aten, tuple) else None
+    problems = []
+    for provider, got in results.items():
+        if isinstance(got, Exception):
+            if eager is not None:
+                problems.append(f"{provider}: raised {type(got).__name__}: {str(got).splitlines()[0][:200]}")
+        elif eager is None:
+            problems.append(f"{provider}: ran where eager raises")
+        elif provider != "aten":  # ATen's fused op is the baseline, not under test (only its raises)
+            problems += [f"{provider}: {p}" for p in judge(got, eager, truth, case.judged_dtype(), baseline)]
+    return problems
+
+
+def run(seed: int, cases: Optional[int], seconds: float, kernel: Optional[str] = None,
+        log: Callable[[str], None] = print) -> dict:
+    """Draw and check cases from `seed` on (case i uses seed + i) until `cases` or `seconds` run out.
+    Returns {"cases": n, "failures": [(seed, what, problems)], "per_kernel": {name: n}}."""
+    t0, i = time.perf_counter(), 0
+    failures, per_kernel = [], {}
+    while (cases is None or i < cases) and time.perf_counter() - t0 < seconds:
+        case_seed = seed + i
+        case = draw_case(case_seed, kernel)
+        per_kernel[case.kernel] = per_kernel.get(case.kernel, 0) + 1
+        try:
+            problems = check_case(case)
+        except Exception:  # noqa: BLE001 - a broken case is reported, never ends the run
+            problems = ["harness: " + traceback.format_exc().strip().splitlines()[-1]]
+        if problems:
+            failures.append((case_seed, case.what, problems))
+            log(f"FAIL --seed {case_seed} --cases 1: {case.what}")
+            for p in problems:
+                log(f"    {p}")
+        i += 1
+    return {"cases": i, "failures": failures, "per_kernel": per_kernel, "seconds": time.perf_counter() - t0}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=None, help="first case's seed (default: from the clock)")
+    ap.add_argument("--cases", type=int, default=None, help="stop after this many cases")
+    ap.add_argument("--seconds", type=float, default=300.0, help="stop after this long (default 300)")
+    ap.add_argument("--kernel", choices=sorted(GENERATORS), default=None, help="only this kernel")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    seed = args.seed if args.seed is not None else int(time.time()) * 1000
+    unavailable = kernels.available_providers()
+    print(f"fuzz: seed {seed}; providers off here: "
+          + (", ".join(f"{k} ({v})" for k, v in unavailable.items() if v) or "none"), flush=True)
+    out = run(seed, args.cases, args.seconds, args.kernel, log=lambda s: print(s, flush=True))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(out["per_kernel"].items()))
+    print(f"fuzz: {out['cases']} cases in {out['seconds']:.0f} s ({counts}); {len(out['failures'])} failed")
+    return 1 if out["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
