@@ -49,7 +49,8 @@ def grad_rows_for(grad_out: torch.Tensor, valid: torch.Tensor, reduction: str) -
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
-    """Forward keeps the logits and the fp32 log-sum-exp per row; backward recomputes softmax."""
+    """Forward keeps the logits and each row's log-sum-exp (as the provider's backward reads it);
+    backward recomputes the softmax."""
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index, label_smoothing, reduction, provider, out_dtype):
@@ -121,8 +122,8 @@ def _cost(logits, target, *args, **kwargs) -> Cost:
     """Forward: fused reads the logits once; eager writes and re-reads an [N, V] log-prob tensor."""
     n, v = logits.shape
     es = logits.element_size()
-    small = n * (target.element_size() + 8)
-    return Cost(flops=4.0 * n * v, bytes_fused=float(n * v * es + small),
+    small = n * (target.element_size() + 8)  # per row: the target, the fp32 loss and lse
+    return Cost(flops=4.0 * n * v, bytes_fused=float(n * v * es + small + 4 * n),  # lse as a (max, log_sum) pair
                 bytes_unfused=float(3 * n * v * es + small))
 
 

@@ -3,11 +3,14 @@
 `cross_entropy` and `fused_linear_cross_entropy` are written once on top of three primitives,
 each over logits [N, V] with a unit stride along V:
 
-- `forward(logits, target, ignore_index, eps) -> (loss_rows, lse)`: fp32 [N] each; ignored
-  rows have loss 0. eps is the label smoothing (PyTorch's definition: the target distribution is
+- `forward(logits, target, ignore_index, eps) -> (loss_rows, lse)`: loss_rows fp32 [N], ignored
+  rows 0; lse whatever the provider's backward reads (cpu, triton: the pair (max, log sum exp(x -
+  max)) fp32 [N, 2], which keeps the softmax as accurate as eager's at large logits; aten: the
+  log-sum-exp [N]). eps is the label smoothing (PyTorch's definition: the target distribution is
   (1 - eps) * onehot + eps / V).
 - `backward(logits, target, lse, grad_rows, ignore_index, eps) -> grad` [N, V] in the logits'
-  dtype: grad_rows[i] * (softmax(x_i) - (1 - eps) * onehot(t_i) - eps / V), 0 on ignored rows.
+  dtype: grad_rows[i] * (softmax(x_i) - (1 - eps) * onehot(t_i) - eps / V); ignored rows 0, or
+  NaN where the row's softmax is NaN (a NaN or +Inf logit, all -Inf), as eager's softmax * 0.
 - `fused_(logits, target, ignore_index, eps, grad_scale) -> loss_rows`: both at once, with the
   logits (contiguous, a scratch chunk) overwritten by grad_scale * dloss/dlogits.
 
@@ -78,8 +81,8 @@ def cast_output(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    n = logits.shape[0]
-    return new_output((n,), logits, torch.float32), new_output((n,), logits, torch.float32)
+    n = logits.shape[0]  # loss rows [N]; lse as the pair (max, log sum exp(x - max)) [N, 2]
+    return new_output((n,), logits, torch.float32), new_output((n, 2), logits, torch.float32)
 
 
 # ---- cpu: the C++ ops in kernels/csrc/cross_entropy.cpp ----------------------------------------
@@ -128,7 +131,8 @@ def _aten_grad(x, lse, safe_t, valid, scale_rows, eps):
     v = x.shape[1]
     grad = torch.exp(x - lse[:, None]) - eps / v  # [N, V] fp32
     grad.scatter_add_(1, safe_t[:, None], torch.full_like(lse[:, None], -(1.0 - eps)))
-    return torch.where(valid[:, None], grad * scale_rows[:, None], torch.zeros_like(grad))
+    grad = torch.where(lse.isfinite()[:, None], grad, float("nan"))  # a +Inf / all -Inf row: NaN, as eager
+    return torch.where(valid[:, None], grad * scale_rows[:, None], grad * 0.0)  # ignored: eager's softmax * 0
 
 
 def _aten_backward(logits, target, lse, grad_rows, ignore_index, eps):

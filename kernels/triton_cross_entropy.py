@@ -2,7 +2,9 @@
 
 One program per row of logits [N, V] (unit stride along V), looping over V in BLOCK-wide tiles:
 - forward: online max / sum-of-exp (and sum of x for label smoothing) -> loss, log-sum-exp;
-- backward: g * (softmax - (1 - eps) onehot - eps / V) from the logits and the saved lse;
+- backward: g * (softmax - (1 - eps) onehot - eps / V) from the logits and the saved pair
+  (max, log sum exp(x - max)) [N, 2] (softmax = exp(x - max) / sum: one fp32 lse would round at
+  its own magnitude); an ignored row gets 0, or NaN where its softmax is NaN (eager's);
 - fused_: forward then the gradient written over the logits (the chunked linear + CE).
 Traffic per row: forward reads V elements; backward reads V and writes V; fused reads 2V and
 writes V. All math in fp32. Targets must be in [0, V) or ignore_index: checking them on the host
@@ -43,7 +45,7 @@ def _head(row_off, V, VEC: tl.constexpr):
 
 @triton.jit
 def _row_stats(x_row, row_off, V, t, eps, BLOCK: tl.constexpr, PEEL: tl.constexpr, VEC: tl.constexpr):
-    """(lse, loss) of one row: online softmax over BLOCK-wide tiles.
+    """(max, log_sum, loss) of one row: online softmax over BLOCK-wide tiles.
 
     PEEL (rows not 16-byte aligned, e.g. GPT-2's 50257 columns): the few elements before the
     row's first 16-byte boundary go first, then whole tiles from that boundary without a mask
@@ -76,10 +78,17 @@ def _row_stats(x_row, row_off, V, t, eps, BLOCK: tl.constexpr, PEEL: tl.constexp
             mask = offs < V
             x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
             m, s, sum_x = _online(x, mask, m, s, sum_x)
-    lse = m + tl.log(s)
+    log_sum = tl.log(s)
     xt = tl.load(x_row + t, mask=(t >= 0) & (t < V), other=float("nan")).to(tl.float32)  # bad target: NaN
-    loss = lse - (1.0 - eps) * xt - eps * (sum_x / V)
-    return lse, loss
+    loss = (m - xt) + log_sum + eps * (xt - sum_x / V)  # no term rounded at lse's magnitude
+    return m, log_sum, loss
+
+
+@triton.jit
+def _ignored_fill(m, log_sum):
+    """An ignored row's gradient: 0, or NaN when its softmax is NaN (eager's softmax * 0)."""
+    bad = (m != m) | (log_sum != log_sum) | (tl.abs(m) == float("inf")) | (tl.abs(log_sum) == float("inf"))
+    return tl.where(bad, float("nan"), 0.0)
 
 
 @triton.jit
@@ -88,20 +97,21 @@ def _ce_forward_kernel(x_ptr, stride_row, t_ptr, loss_ptr, lse_ptr, V, ignore_in
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
-    lse, loss = _row_stats(x_ptr + row * stride_row, row * stride_row, V, tl.where(ignored, 0, t), eps,
-                           BLOCK, PEEL, VEC)
-    tl.store(lse_ptr + row, lse)
+    m, log_sum, loss = _row_stats(x_ptr + row * stride_row, row * stride_row, V, tl.where(ignored, 0, t), eps,
+                                  BLOCK, PEEL, VEC)
+    tl.store(lse_ptr + 2 * row, m)
+    tl.store(lse_ptr + 2 * row + 1, log_sum)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
 
 
 @triton.jit
-def _grad_tile(x_row, out_row, offs, mask, V, t, lse, eps, g, ignored, MASKED: tl.constexpr):
+def _grad_tile(x_row, out_row, offs, mask, V, t, m, log_sum, eps, g, ignored, fill, MASKED: tl.constexpr):
     if MASKED:
         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_row + offs).to(tl.float32)
-    grad = g * (tl.exp(x - lse) - eps / V) - tl.where(offs == t, g * (1.0 - eps), 0.0)
-    grad = tl.where(ignored, 0.0, grad)
+    grad = (g * tl.exp(-log_sum)) * tl.exp(x - m) - g * eps / V - tl.where(offs == t, g * (1.0 - eps), 0.0)
+    grad = tl.where(ignored, fill, grad)
     if MASKED:
         tl.store(out_row + offs, grad, mask=mask)
     else:
@@ -109,27 +119,28 @@ def _grad_tile(x_row, out_row, offs, mask, V, t, lse, eps, g, ignored, MASKED: t
 
 
 @triton.jit
-def _row_grad(x_row, out_row, row_off, V, t, lse, eps, g, ignored, BLOCK: tl.constexpr, PEEL: tl.constexpr,
-              VEC: tl.constexpr):
+def _row_grad(x_row, out_row, row_off, V, t, m, log_sum, eps, g, ignored, BLOCK: tl.constexpr,
+              PEEL: tl.constexpr, VEC: tl.constexpr):
     """The gradient of one row. PEEL as in `_row_stats`; x and out rows share their alignment
     (the host peels only contiguous logits whose gradient has the same layout)."""
+    fill = _ignored_fill(m, log_sum)
     if PEEL:
         head = _head(row_off, V, VEC)
         hoffs = tl.arange(0, VEC)
-        _grad_tile(x_row, out_row, hoffs, hoffs < head, V, t, lse, eps, g, ignored, True)
+        _grad_tile(x_row, out_row, hoffs, hoffs < head, V, t, m, log_sum, eps, g, ignored, fill, True)
         xb = tl.multiple_of(x_row + head, 16)
         ob = tl.multiple_of(out_row + head, 16)
         n_body = V - head
         full = (n_body // BLOCK) * BLOCK
         for start in range(0, full, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            _grad_tile(xb, ob, offs, offs < n_body, V, t - head, lse, eps, g, ignored, False)
+            _grad_tile(xb, ob, offs, offs < n_body, V, t - head, m, log_sum, eps, g, ignored, fill, False)
         offs = full + tl.arange(0, BLOCK)
-        _grad_tile(xb, ob, offs, offs < n_body, V, t - head, lse, eps, g, ignored, True)
+        _grad_tile(xb, ob, offs, offs < n_body, V, t - head, m, log_sum, eps, g, ignored, fill, True)
     else:
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            _grad_tile(x_row, out_row, offs, offs < V, V, t, lse, eps, g, ignored, True)
+            _grad_tile(x_row, out_row, offs, offs < V, V, t, m, log_sum, eps, g, ignored, fill, True)
 
 
 @triton.jit
@@ -139,8 +150,8 @@ def _ce_backward_kernel(x_ptr, stride_row, t_ptr, lse_ptr, g_ptr, out_ptr, V, ig
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
     g = tl.where((t >= 0) & (t < V), tl.load(g_ptr + row), float("nan"))  # a bad target's row: NaN
-    _row_grad(x_ptr + row * stride_row, out_ptr + row * V, row * V, V, t, tl.load(lse_ptr + row), eps,
-              g, ignored, BLOCK, PEEL, VEC)
+    _row_grad(x_ptr + row * stride_row, out_ptr + row * V, row * V, V, t, tl.load(lse_ptr + 2 * row),
+              tl.load(lse_ptr + 2 * row + 1), eps, g, ignored, BLOCK, PEEL, VEC)
 
 
 @triton.jit
@@ -150,10 +161,10 @@ def _ce_fused_kernel(x_ptr, t_ptr, loss_ptr, V, ignore_index, eps, scale, BLOCK:
     t = tl.load(t_ptr + row)
     ignored = t == ignore_index
     x_row = x_ptr + row * V
-    lse, loss = _row_stats(x_row, row * V, V, tl.where(ignored, 0, t), eps, BLOCK, PEEL, VEC)
+    m, log_sum, loss = _row_stats(x_row, row * V, V, tl.where(ignored, 0, t), eps, BLOCK, PEEL, VEC)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     g = tl.where((t >= 0) & (t < V), scale, float("nan"))  # a bad target's row: NaN
-    _row_grad(x_row, x_row, row * V, V, t, lse, eps, g, ignored, BLOCK, PEEL, VEC)
+    _row_grad(x_row, x_row, row * V, V, t, m, log_sum, eps, g, ignored, BLOCK, PEEL, VEC)
 
 
 def _launch_args(v: int) -> dict:

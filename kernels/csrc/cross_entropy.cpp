@@ -2,9 +2,13 @@
 //
 // Ops (torch.ops.fusionlens.*), logits [N, V] with a unit stride along V (any row stride):
 //   ce_forward(logits, target, ignore_index, label_smoothing, loss_rows!, lse!)
-//       per-row loss and log-sum-exp (fp32 [N]); ignored rows get loss 0.
+//       per-row loss (fp32 [N]; ignored rows get 0) and log-sum-exp as the pair (max, log sum
+//       exp(x - max)) (fp32 [N, 2]): one fp32 lse rounds to ulp(lse), which at logits ~30-100
+//       costs the gradient 30-60 ulps; the pair keeps softmax = exp(x - max) / sum as
+//       accurate as eager's log_softmax (found by tests/kernels/fuzz.py).
 //   ce_backward(logits, target, lse, grad_rows, ignore_index, label_smoothing, grad!)
-//       grad[i, :] = grad_rows[i] * (softmax(x_i) - (1 - eps) onehot(t_i) - eps / V); ignored -> 0.
+//       grad[i, :] = grad_rows[i] * (softmax(x_i) - (1 - eps) onehot(t_i) - eps / V); an ignored
+//       row gets 0, or NaN when its softmax is NaN (a NaN or +Inf logit, or all -Inf), as eager's.
 //   ce_fused_(logits!, target, ignore_index, label_smoothing, grad_scale, loss_rows!)
 //       forward and backward of one chunk at once: writes the loss per row and overwrites the
 //       logits with grad_scale * dloss/dlogits (the chunked fused linear + cross-entropy).
@@ -34,7 +38,8 @@
 namespace fl_ce {
 
 struct RowStats {
-  float lse;
+  float max;      // the row's max (NaN lanes ignored)
+  float log_sum;  // log(sum(exp(x - max))): lse = max + log_sum
   float loss;
 };
 
@@ -43,9 +48,10 @@ struct RowStats {
 template <typename T>
 struct RowOps {
   RowStats (*forward)(const T* x, float* buf, int64_t V, int64_t t, float eps);
-  void (*backward)(const T* x, T* grad, float* buf, float* buf2, int64_t V, int64_t t, float lse, float eps,
-                   float g);
+  void (*backward)(const T* x, T* grad, float* buf, float* buf2, int64_t V, int64_t t, float max, float log_sum,
+                   float eps, float g);
   float (*fused)(T* x, float* buf, int64_t V, int64_t t, float eps, float grad_scale);
+  bool (*softmax_nan)(const T* x, float* buf, int64_t V);  // a NaN or +Inf, or all -Inf: NaN softmax
 };
 
 #define FL_ISA_IMPL "cross_entropy_impl.h"
@@ -91,9 +97,20 @@ void check_inputs(const at::Tensor& logits, const at::Tensor& target, int64_t ig
   }
 }
 
-void check_rows(const at::Tensor& x, int64_t N, const char* what) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() == N,
-              "cross_entropy: ", what, " must be a contiguous float32 tensor of ", N, " elements");
+void check_rows(const at::Tensor& x, int64_t N, const char* what, int64_t per_row = 1) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() == N * per_row,
+              "cross_entropy: ", what, " must be a contiguous float32 tensor of ", N * per_row, " elements");
+}
+
+// An ignored row's gradient: 0, or NaN where eager's softmax * 0 is NaN.
+template <typename T>
+void fill_ignored(T* dst, int64_t V, bool nan) {
+  if (!nan) {
+    std::memset(static_cast<void*>(dst), 0, V * sizeof(T));
+    return;
+  }
+  const T q = static_cast<T>(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t j = 0; j < V; ++j) dst[j] = q;
 }
 
 // Rows per task: at least ~32K elements of work per task.
@@ -104,7 +121,7 @@ void ce_forward(const at::Tensor& logits, const at::Tensor& target, int64_t igno
   check_inputs(logits, target, ignore_index);
   const int64_t N = logits.size(0), V = logits.size(1);
   check_rows(loss_rows, N, "loss_rows");
-  check_rows(lse, N, "lse");
+  check_rows(lse, N, "lse", 2);
   if (N == 0) return;
   const float eps = static_cast<float>(label_smoothing);
   const int64_t ld = logits.stride(0);
@@ -120,7 +137,8 @@ void ce_forward(const at::Tensor& logits, const at::Tensor& target, int64_t igno
       for (int64_t i = begin; i < end; ++i) {
         const bool ignored = t[i] == ignore_index;
         const RowStats st = ops.forward(x + i * ld, buf.data(), V, ignored ? 0 : t[i], eps);
-        lse_p[i] = st.lse;
+        lse_p[2 * i] = st.max;
+        lse_p[2 * i + 1] = st.log_sum;
         loss[i] = ignored ? 0.0f : st.loss;
       }
     });
@@ -132,7 +150,7 @@ void ce_backward(const at::Tensor& logits, const at::Tensor& target, const at::T
                  at::Tensor& grad) {
   check_inputs(logits, target, ignore_index);
   const int64_t N = logits.size(0), V = logits.size(1);
-  check_rows(lse, N, "lse");
+  check_rows(lse, N, "lse", 2);
   check_rows(grad_rows, N, "grad_rows");
   TORCH_CHECK(grad.is_contiguous() && grad.sizes() == logits.sizes() &&
                   grad.scalar_type() == logits.scalar_type(),
@@ -153,11 +171,12 @@ void ce_backward(const at::Tensor& logits, const at::Tensor& target, const at::T
       std::vector<float> in_buf(f32 ? 0 : V), out_buf(f32 ? 0 : V);
       for (int64_t i = begin; i < end; ++i) {
         scalar_t* dst = out + i * V;
+        const float m = lse_p[2 * i], log_sum = lse_p[2 * i + 1];
         if (t[i] == ignore_index) {
-          std::memset(static_cast<void*>(dst), 0, V * sizeof(scalar_t));
+          fill_ignored(dst, V, !(std::isfinite(m) && std::isfinite(log_sum)));
           continue;
         }
-        ops.backward(x + i * ld, dst, in_buf.data(), out_buf.data(), V, t[i], lse_p[i], eps, g[i]);
+        ops.backward(x + i * ld, dst, in_buf.data(), out_buf.data(), V, t[i], m, log_sum, eps, g[i]);
       }
     });
   });
@@ -182,9 +201,9 @@ void ce_fused_(at::Tensor& logits, const at::Tensor& target, int64_t ignore_inde
       std::vector<float> buf(std::is_same_v<scalar_t, float> ? 0 : V);
       for (int64_t i = begin; i < end; ++i) {
         scalar_t* dst = x + i * V;
-        if (t[i] == ignore_index) {
+        if (t[i] == ignore_index) {  // one max/sum pass decides 0 or NaN (no exp)
           loss[i] = 0.0f;
-          std::memset(static_cast<void*>(dst), 0, V * sizeof(scalar_t));
+          fill_ignored(dst, V, ops.softmax_nan(dst, buf.data(), V));
           continue;
         }
         loss[i] = ops.fused(dst, buf.data(), V, t[i], eps, scale);

@@ -64,19 +64,32 @@ __attribute__((flatten)) inline RowStats row_forward(const float* x, int64_t V, 
   float m, sum_x;
   row_max_sum(x, V, &m, &sum_x);
   // A NaN anywhere makes s NaN (exp(NaN) = NaN), so the loss is NaN, as in the reference.
-  const float lse = m + std::log(row_exp_sum(x, V, m));
-  float loss = lse - (1.0f - eps) * x[t];
-  if (eps != 0.0f) loss -= eps * (sum_x / static_cast<float>(V));
-  return {lse, loss};
+  const float log_sum = std::log(row_exp_sum(x, V, m));
+  // lse - (1 - eps) x_t - eps mean(x), ordered so that no term is rounded at lse's magnitude:
+  // a confident row's loss (~1e-6) is then not lost in ulp(lse).
+  float loss = (m - x[t]) + log_sum;
+  if (eps != 0.0f) loss += eps * (x[t] - sum_x / static_cast<float>(V));
+  return {m, log_sum, loss};
+}
+
+// True when the row's softmax is NaN (a NaN or +Inf logit, or every logit -Inf): max/sum only.
+inline bool row_softmax_nan(const float* x, int64_t V) {
+  float m, sum_x;
+  row_max_sum(x, V, &m, &sum_x);
+  return std::isnan(sum_x) || std::isinf(m);
 }
 
 // g * dloss/dx of one row into out (may alias x: each element is read before it is written).
-__attribute__((flatten)) inline void row_grad(const float* x, float* out, int64_t V, int64_t t, float lse, float eps, float g) {
+// softmax = exp(x - max) / sum: x - max is exact near the max, where it matters, and 1/sum folds
+// into the row's g (no more operations an element than exp(x - lse) took).
+__attribute__((flatten)) inline void row_grad(const float* x, float* out, int64_t V, int64_t t, float m,
+                                              float log_sum, float eps, float g) {
   const float smooth = g * eps / static_cast<float>(V);
+  const float gs = g * std::exp(-log_sum);
   const float xt = x[t];
 #pragma omp simd
-  for (int64_t j = 0; j < V; ++j) out[j] = g * fusionlens::exp_nonpos(x[j] - lse) - smooth;
-  out[t] = g * fusionlens::exp_nonpos(xt - lse) - smooth - g * (1.0f - eps);
+  for (int64_t j = 0; j < V; ++j) out[j] = gs * fusionlens::exp_nonpos(x[j] - m) - smooth;
+  out[t] = gs * fusionlens::exp_nonpos(xt - m) - smooth - g * (1.0f - eps);
 }
 
 // The three row operations on rows of T (`buf`, `buf2`: V floats each, unused for float).
@@ -91,14 +104,24 @@ RowStats forward_row(const T* xr, float* buf, int64_t V, int64_t t, float eps) {
 }
 
 template <typename T>
-void backward_row(const T* xr, T* dst, float* buf, float* buf2, int64_t V, int64_t t, float lse, float eps,
-                  float g) {
+void backward_row(const T* xr, T* dst, float* buf, float* buf2, int64_t V, int64_t t, float m, float log_sum,
+                  float eps, float g) {
   if constexpr (std::is_same_v<T, float>) {
-    row_grad(xr, dst, V, t, lse, eps, g);
+    row_grad(xr, dst, V, t, m, log_sum, eps, g);
   } else {
     load_f32<T>(xr, buf, V);
-    row_grad(buf, buf2, V, t, lse, eps, g);
+    row_grad(buf, buf2, V, t, m, log_sum, eps, g);
     store_f32<T>(buf2, dst, V);
+  }
+}
+
+template <typename T>
+bool softmax_nan_row(const T* xr, float* buf, int64_t V) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row_softmax_nan(xr, V);
+  } else {
+    load_f32<T>(xr, buf, V);
+    return row_softmax_nan(buf, V);
   }
 }
 
@@ -113,10 +136,10 @@ float fused_row(T* x, float* buf, int64_t V, int64_t t, float eps, float grad_sc
     row = buf;
   }
   const RowStats st = row_forward(row, V, t, eps);
-  row_grad(row, row, V, t, st.lse, eps, grad_scale);
+  row_grad(row, row, V, t, st.max, st.log_sum, eps, grad_scale);
   if constexpr (!std::is_same_v<T, float>) store_f32<T>(row, x, V);
   return st.loss;
 }
 
 template <typename T>
-RowOps<T> row_ops() { return {&forward_row<T>, &backward_row<T>, &fused_row<T>}; }
+RowOps<T> row_ops() { return {&forward_row<T>, &backward_row<T>, &fused_row<T>, &softmax_nan_row<T>}; }

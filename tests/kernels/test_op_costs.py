@@ -99,9 +99,9 @@ def test_cross_entropy_ops(cpu_provider) -> None:
     costs = caught(lambda: kernels.cross_entropy(logits, target, provider="cpu").backward())
     assert costs["ce_forward"] == [KERNELS["cross_entropy"].cost(logits, target)]
     (fwd,), (bwd,) = costs["ce_forward"], costs["ce_backward"]
-    assert (fwd.flops, fwd.bytes_fused) == (4 * 66, 4 * 66 + 6 * (8 + 4 + 4))  # logits; target, loss, lse
+    assert (fwd.flops, fwd.bytes_fused) == (4 * 66, 4 * 66 + 6 * (8 + 4 + 8))  # logits; target, loss, lse pair
     assert bwd.flops == 3 * 66
-    assert bwd.bytes_fused == 4 * 66 * 2 + 6 * (8 + 4 + 4)  # logits, grad; target, lse, grad_rows
+    assert bwd.bytes_fused == 4 * 66 * 2 + 6 * (8 + 8 + 4)  # logits, grad; target, lse pair, grad_rows
 
 
 def test_rope_op(cpu_provider) -> None:
