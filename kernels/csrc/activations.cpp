@@ -131,7 +131,11 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
 }
 
 // grad_x = grad * act'(x [+ bias]); grad_bias = sum over rows of grad_x (fp32 partial sums per
-// thread, then reduced), so the bias gradient costs no extra pass over memory.
+// thread, then reduced), so the bias gradient costs no extra pass over memory. Rows are summed in
+// blocks of kBiasBlockRows first (a two-level cascade): one fp32 chain over thousands of rows was
+// 5-10x eager's pairwise-sum error (found by tests/kernels/fuzz.py); the blocks cost n adds each.
+constexpr int64_t kBiasBlockRows = 32;
+
 template <typename T, int64_t K>
 void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
                   at::Tensor& grad_x, const c10::optional<at::Tensor>& grad_bias) {
@@ -156,11 +160,17 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
   std::vector<float> partial(grad_bias.has_value() ? nthreads * n : 0, 0.0f);
   at::parallel_for(0, rows, std::max<int64_t>(1, 16 * kChunk / n), [&](int64_t b, int64_t e) {
     float* acc = partial.empty() ? nullptr : partial.data() + at::get_thread_num() * n;
+    std::vector<float> block(acc != nullptr ? n : 0, 0.0f);  // this block's sums
+    float* bsum = acc != nullptr ? block.data() : nullptr;
     for (int64_t r = b; r < e; ++r) {
       map_chunks<T, 2, 1>({gp + r * n, xp + r * n}, {gxp + r * n}, n,
                           [&](auto& in, auto& o, int64_t len, int64_t s) {
-        sp.act_grad(in[0], in[1], bp + s, o[0], acc != nullptr ? acc + s : nullptr, len);
+        sp.act_grad(in[0], in[1], bp + s, o[0], bsum != nullptr ? bsum + s : nullptr, len);
       });
+      if (bsum != nullptr && ((r - b + 1) % kBiasBlockRows == 0 || r + 1 == e)) {
+        for (int64_t i = 0; i < n; ++i) acc[i] += bsum[i];
+        std::fill(block.begin(), block.end(), 0.0f);
+      }
     }
   });
   if (grad_bias.has_value()) {

@@ -27,22 +27,30 @@ inline float row_sum(const S* x, int64_t n) {
   return t;
 }
 
-// sum((x - mu)^2)
+// sum((x - mu)^2), and sum(x - mu) into *dev: the corrected two-pass algorithm (Chan, Golub and
+// LeVeque) turns the second into the first pass's rounding of mu (mean = mu + dev / n), which at
+// a large common offset (values 5 +- 0.01) otherwise costs x - mu, and so every output, several
+// times eager's error (found by tests/kernels/fuzz.py). Free: the loads are shared.
 template <typename S>
-inline float row_sq_dev(const S* x, int64_t n, float mu) {
-  vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+inline float row_sq_dev(const S* x, int64_t n, float mu, float* dev) {
+  vf a0 = {}, a1 = {}, a2 = {}, a3 = {}, s0 = {};
   int64_t j = 0;
   for (; j + 4 * kW <= n; j += 4 * kW) {
     const vf d0 = ldv(x + j) - mu, d1 = ldv(x + j + kW) - mu, d2 = ldv(x + j + 2 * kW) - mu,
              d3 = ldv(x + j + 3 * kW) - mu;
     a0 += d0 * d0, a1 += d1 * d1, a2 += d2 * d2, a3 += d3 * d3;
+    s0 += (d0 + d1) + (d2 + d3);
   }
   for (; j + kW <= n; j += kW) {
     const vf d = ldv(x + j) - mu;
-    a0 += d * d;
+    a0 += d * d, s0 += d;
   }
-  float t = hsum((a0 + a1) + (a2 + a3));
-  for (; j < n; ++j) t += (ld1(x + j) - mu) * (ld1(x + j) - mu);
+  float t = hsum((a0 + a1) + (a2 + a3)), u = hsum(s0);
+  for (; j < n; ++j) {
+    const float d = ld1(x + j) - mu;
+    t += d * d, u += d;
+  }
+  *dev = u;
   return t;
 }
 
@@ -189,7 +197,10 @@ void ln_fwd(const LnFwd& a) {
       float mu, r;
       auto stats_and_out = [&](const auto* xr) {  // xr: the row as T, or the sum row as float
         mu = row_sum(xr, n) * inv_n;
-        r = 1.0f / std::sqrt(row_sq_dev(xr, n, mu) * inv_n + static_cast<float>(a.eps));
+        float dev;
+        const float sq = row_sq_dev(xr, n, mu, &dev);
+        mu += dev * inv_n;  // the corrected mean; the variance about it: sq - dev^2 / n
+        r = 1.0f / std::sqrt(std::max(0.0f, sq - dev * dev * inv_n) * inv_n + static_cast<float>(a.eps));
         if (stream) {
           ln_out_row(xr, tile, wv, bv, mu, r, n, nx, nr);
           commit<T>(tile, yr, n, stream, sc.t.data());

@@ -270,7 +270,7 @@ def _flce(d: Draw) -> Case:
     wdt = d.pick((dt, dt, torch.float32), "weight_dtype")
     kwargs = _ce_kwargs(d)
     kwargs["chunk_size"] = d.pick((None, 1, 3, 7, 64), "chunk")
-    x = d.tensor((n, hidden), dt, label="x")
+    x = d.maybe_nonfinite(d.tensor((n, hidden), dt, label="x"), p=0.05)
     w = d.tensor((vocab, hidden), wdt, scale=1 / math.sqrt(hidden), label="w")
     inputs = [x, w, _targets(d, n, vocab, kwargs.get("ignore_index", -100))]
     if d.chance(0.3):
