@@ -256,6 +256,20 @@ inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* 
   }
 }
 
+// The weight/bias gradients: rows add their terms into a block sum that joins the chunk's
+// partial every kGradBlockRows rows (a two-level cascade). One fp32 chain over a chunk's thousands
+// of rows had 5-40x eager's pairwise-sum error (found by tests/kernels/fuzz.py); a flush is n adds
+// per block, and the block sums take the chunk partials' place in L1.
+constexpr int64_t kGradBlockRows = 32;
+
+inline void flush_block(float* block, float* partial, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    partial[j] += block[j];
+    block[j] = 0.f;
+  }
+}
+
 template <typename T>
 void ln_bwd(const LnBwd& a) {
   const int64_t m = a.m, n = a.n;
@@ -272,12 +286,14 @@ void ln_bwd(const LnBwd& a) {
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
     // Per thread: g = dy * w, the streamed dx tile, scratch partials for grads nobody asked for.
     Scratch<T> sc(4 * n, stream && !std::is_same_v<T, float> ? n : 0);
-    float *g = sc.f.data(), *tile = g + n, *sw = g + 2 * n, *sb = g + 3 * n;
+    float *g = sc.f.data(), *tile = g + n, *pw = g + 2 * n, *pb = g + 3 * n;  // pw, pb: block sums
     for (int64_t c = cbegin; c < cend; ++c) {
-      float* pw = a.dw ? dw_part.data() + c * n : sw;
-      float* pb = a.db ? db_part.data() + c * n : sb;
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
+        if (i > i0 && (i - i0) % kGradBlockRows == 0) {
+          if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
+          if (a.db) flush_block(pb, db_part.data() + c * n, n);
+        }
         const T *x = xp + i * n, *dy = dyp + i * n, *da = dap ? dap + i * n : nullptr;
         const float mu = a.mean[i], r = a.rstd[i];
         // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
@@ -297,6 +313,8 @@ void ln_bwd(const LnBwd& a) {
              : ln_bwd_row<T, T, false>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy);
         }
       }
+      if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
+      if (a.db) flush_block(pb, db_part.data() + c * n, n);
     }
     if (stream) fence();
   });
@@ -477,11 +495,11 @@ void rms_bwd(const RmsBwd& a) {
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
     // Per thread: the streamed dx tile, a scratch partial for a weight grad nobody asked for.
     Scratch<T> sc(2 * n, stream && !std::is_same_v<T, float> ? n : 0);
-    float *tile = sc.f.data(), *sw = tile + n;
+    float *tile = sc.f.data(), *pw = tile + n;  // pw: the block sum (see kGradBlockRows)
     for (int64_t c = cbegin; c < cend; ++c) {
-      float* pw = a.dw ? dw_part.data() + c * n : sw;
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
+        if (a.dw && i > i0 && (i - i0) % kGradBlockRows == 0) flush_block(pw, dw_part.data() + c * n, n);
         const T *x = xp + i * n, *da = dap ? dap + i * n : nullptr;
         const G* dy = dyp + i * n;
         const float r = a.rstd[i];
@@ -500,6 +518,7 @@ void rms_bwd(const RmsBwd& a) {
           row(dxp + i * n);
         }
       }
+      if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
     }
     if (stream) fence();
   });

@@ -44,6 +44,7 @@ class Case:
     inputs: list
     kwargs: dict = field(default_factory=dict)
     what: str = ""
+    factor: float = 2.0  # the error bar: factor x the larger of eager's and ATen's error
 
     def judged_dtype(self) -> torch.dtype:
         """The dtype eager's result has (promotion of the floating inputs): atol is in its eps."""
@@ -145,7 +146,9 @@ def _norm_case(d: Draw, name: str) -> Case:
         casting = d.pick((None, None, "llama", "gemma"), "casting")
         if casting:
             kwargs["casting"] = casting
-    return Case(name, inputs, kwargs)
+    # Rows of 1-2 elements normalise to +-1 whatever x is: the input gradient is a cancellation of
+    # terms ~rstd, and any two orders of summing them differ by several times eager's error there.
+    return Case(name, inputs, kwargs, factor=8.0 if n <= 2 else 2.0)
 
 
 for _name in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"):
@@ -331,7 +334,8 @@ def judge(ours: tuple, eager: tuple, truth: tuple, dtype: torch.dtype, baseline:
         if b is not None and b.shape == o.shape and bool(b.double().isfinite()[both].all()):
             bar = max(bar, max_err(b[both], t[both]))
         err = max_err(o[both], t[both])
-        atol = atol_eps * torch.finfo(dtype).eps * max(1.0, float(t[both].abs().max()))
+        unit = max(torch.finfo(dtype).eps, torch.finfo(o.dtype).eps)  # an fp16 input's gradient is fp16
+        atol = atol_eps * unit * max(1.0, float(t[both].abs().max()))
         if not err <= factor * bar + atol:
             problems.append(f"result {i} ({str(o.dtype)[6:]}, {tuple(o.shape)}): error {err:.3g} against float64 > "
                             f"{factor} x {bar:.3g} (eager{' / aten' if b is not None else ''}) + atol {atol:.3g}")
@@ -368,7 +372,8 @@ def check_case(case: Case) -> list[str]:
         elif eager is None:
             problems.append(f"{provider}: ran where eager raises")
         elif provider != "aten":  # ATen's fused op is the baseline, not under test (only its raises)
-            problems += [f"{provider}: {p}" for p in judge(got, eager, truth, case.judged_dtype(), baseline)]
+            problems += [f"{provider}: {p}" for p in judge(got, eager, truth, case.judged_dtype(), baseline,
+                                                           factor=case.factor)]
     return problems
 
 
