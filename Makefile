@@ -14,7 +14,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 # kernel benchmarks, which add a "liger" variant when it imports.
 GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1 liger-kernel==0.8.5
 
-.PHONY: gpu-wheels run test install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build bench-compiled bench-dispatch triton-aot clean
+.PHONY: gpu-wheels run test fuzz install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build bench-compiled bench-dispatch triton-aot clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ run: $(STAMP)
 
 test: $(DEVSTAMP) chromium
 	FUSIONLENS_STRICT=1 $(PY) -m pytest -q -n 2 --timeout 900 tests
+
+# Differential fuzzing of the kernels against eager and float64 (10 minutes; FUZZ_SECONDS, FUZZ_SEED).
+fuzz: $(DEVSTAMP)
+	$(PY) -m tests.kernels.fuzz --seconds $${FUZZ_SECONDS:-600} $${FUZZ_SEED:+--seed $$FUZZ_SEED}
 
 bench: bench-ingest bench-analyses bench-kernels bench-capture
 
