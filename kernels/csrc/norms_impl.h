@@ -200,7 +200,8 @@ void ln_fwd(const LnFwd& a) {
         float dev;
         const float sq = row_sq_dev(xr, n, mu, &dev);
         mu += dev * inv_n;  // the corrected mean; the variance about it: sq - dev^2 / n
-        r = 1.0f / std::sqrt(std::max(0.0f, sq - dev * dev * inv_n) * inv_n + static_cast<float>(a.eps));
+        // (max(v, 0) in this order keeps a NaN variance NaN, as the plain two-pass sum did)
+        r = 1.0f / std::sqrt(std::max(sq - dev * dev * inv_n, 0.0f) * inv_n + static_cast<float>(a.eps));
         if (stream) {
           ln_out_row(xr, tile, wv, bv, mu, r, n, nx, nr);
           commit<T>(tile, yr, n, stream, sc.t.data());
