@@ -132,9 +132,7 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
 
 // grad_x = grad * act'(x [+ bias]); grad_bias = sum over rows of grad_x (fp32 partial sums per
 // thread, then reduced), so the bias gradient costs no extra pass over memory. Rows are summed in
-// blocks of kBiasBlockRows first (a two-level cascade): one fp32 chain over thousands of rows was
-// 5-10x eager's pairwise-sum error (found by tests/kernels/fuzz.py); the blocks cost n adds each.
-constexpr int64_t kBiasBlockRows = 32;
+// blocks of kGradBlockRows first (common.h flush_block).
 
 template <typename T, int64_t K>
 void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
@@ -167,9 +165,8 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
                           [&](auto& in, auto& o, int64_t len, int64_t s) {
         sp.act_grad(in[0], in[1], bp + s, o[0], bsum != nullptr ? bsum + s : nullptr, len);
       });
-      if (bsum != nullptr && ((r - b + 1) % kBiasBlockRows == 0 || r + 1 == e)) {
-        for (int64_t i = 0; i < n; ++i) acc[i] += bsum[i];
-        std::fill(block.begin(), block.end(), 0.0f);
+      if (bsum != nullptr && ((r - b + 1) % fusionlens::kGradBlockRows == 0 || r + 1 == e)) {
+        fusionlens::flush_block(bsum, acc, n);
       }
     }
   });

@@ -5,7 +5,8 @@
 //   with NaN kept NaN, exactly like c10::BFloat16.
 // - Row helpers: view a row as float (a no-op for float, a bulk conversion into a scratch buffer
 //   otherwise), and write float results back.
-// - `chunks_for`: how many row chunks to split work into for per-thread partial reductions.
+// - `chunks_for`: how many row chunks to split work into for per-thread partial reductions;
+//   `flush_block` / kGradBlockRows: the block sums that keep those reductions accurate.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -283,6 +284,21 @@ inline int64_t row_grain(int64_t cols) {
 inline int64_t chunks_for(int64_t rows, int64_t cols) {
   const int64_t by_work = std::max<int64_t>(1, rows / row_grain(cols));
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), by_work));
+}
+
+// Gradient sums over many rows (weight, bias): rows add their terms into a block sum that joins
+// the running partial every kGradBlockRows rows (a two-level cascade). One fp32 chain over
+// thousands of rows had 5-40x eager's pairwise-sum error (found by tests/kernels/fuzz.py); a flush
+// is n adds per block.
+constexpr int64_t kGradBlockRows = 32;
+
+// partial[j] += block[j]; block[j] = 0.
+inline void flush_block(float* block, float* partial, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    partial[j] += block[j];
+    block[j] = 0.f;
+  }
 }
 
 // Sum partials[c][j] over chunks c into out[j] (fp32), parallel over columns.

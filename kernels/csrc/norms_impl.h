@@ -257,20 +257,6 @@ inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* 
   }
 }
 
-// The weight/bias gradients: rows add their terms into a block sum that joins the chunk's
-// partial every kGradBlockRows rows (a two-level cascade). One fp32 chain over a chunk's thousands
-// of rows had 5-40x eager's pairwise-sum error (found by tests/kernels/fuzz.py); a flush is n adds
-// per block, and the block sums take the chunk partials' place in L1.
-constexpr int64_t kGradBlockRows = 32;
-
-inline void flush_block(float* block, float* partial, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) {
-    partial[j] += block[j];
-    block[j] = 0.f;
-  }
-}
-
 template <typename T>
 void ln_bwd(const LnBwd& a) {
   const int64_t m = a.m, n = a.n;
