@@ -70,8 +70,8 @@ def _expanded_mask(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     m = mask.expand(shape)  # stride 0 on broadcast dims: no copy
     if m.stride(-1) == 1:
         return m
-    if m.shape[-1] <= 1:  # one element a row (or none): any stride reads it, but torch calls such a view
-        return m.as_strided(m.shape, (*m.stride()[:-1], 1))  # contiguous and would not restride it
+    if m.shape[-1] <= 1 or m.numel() == 0:  # one element a row, or none at all: any stride reads it,
+        return m.as_strided(m.shape, (*m.stride()[:-1], 1))  # but torch calls such a view contiguous
     return m.contiguous()
 
 

@@ -103,6 +103,15 @@ def test_other_dim_with_a_mask_over_a_last_dim_of_one(provider: str) -> None:
     check(provider, [x, make((1, 8), torch.float16, seed=2)], torch.float16, dim=0, scale=0.125)
 
 
+@pytest.mark.parametrize("provider", ["cpu", "reference"])
+@pytest.mark.parametrize("shape, dim, mshape", [((0, 3, 2, 65), -3, (3, 1, 65)), ((33, 0, 33), 0, (1, 33))])
+def test_other_dim_with_a_mask_on_a_zero_size_input(provider: str, shape, dim, mshape) -> None:
+    """Found by the fuzzer: with no elements at all, the moved mask's last dim kept a stride != 1
+    (torch calls any empty view contiguous), and the kernel refused it."""
+    check(provider, [make(shape, torch.float32, seed=1), make(mshape, torch.float32, seed=2)], torch.float32,
+          dim=dim)
+
+
 @pytest.mark.parametrize("layout", ["transposed", "strided"])
 def test_non_contiguous(layout: str) -> None:
     x = make((3, 5, 130), torch.float32, seed=1, layout=layout)
