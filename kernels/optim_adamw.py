@@ -144,9 +144,9 @@ class AdamW(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             hp = dict(lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
                       weight_decay=group["weight_decay"], amsgrad=ams, maximize=group["maximize"])
-            for (_, _, dense), b in buckets.items():
-                chosen = oc.choose(SPEC, b.params[0], dense, self.provider, self._chosen)
-                oc.run_provider(SPEC, chosen, b.params, b.grads,
+            for b in buckets.values():
+                chosen = oc.choose(SPEC, b.params[0], self.provider, self._chosen)
+                oc.run_provider(SPEC, chosen, b,
                                 [st["exp_avg"] for st in b.states],
                                 [st["exp_avg_sq"] for st in b.states],
                                 [st["max_exp_avg_sq"] for st in b.states] if ams else [],

@@ -6,9 +6,13 @@ C++ op walks all of them in one parallel loop; the Triton kernels use one launch
 table). Provider choice goes through the kernel registry with the bucket's first parameter as
 the representative tensor, so `provider=` overrides and unavailable providers keep their reason.
 
-Parameters whose memory is not dense (views with holes) cannot be walked as flat arrays: they go
-to the per-parameter `reference` provider. Gradients whose strides differ from their
-parameter's (e.g. a transposed grad) are copied into the parameter's layout first.
+Parameters whose memory is not dense (views with holes) cannot be walked as flat arrays: each
+steps as a contiguous copy in its dtype's bucket, written back after the call (two extra passes
+over that param; their states are contiguous already). So a param's arithmetic never depends on
+its layout: the per-parameter `reference` provider they used to go to computes in the param's
+dtype, where fp16's eps=1e-8 is 0, unlike the fused providers' fp32 math. Gradients whose
+strides differ from their parameter's (e.g. a transposed grad) are copied into the parameter's
+layout first (torch 2.13's fused CPU AdamW reads such a grad as flat memory, silently wrong).
 
 Complex parameters are stepped as their real views ([..., 2] floats, `torch.view_as_real`), as
 torch.optim does: the moments are elementwise over real and imaginary parts, and a tensor's norm
@@ -35,6 +39,12 @@ class Bucket:
     params: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)
     states: list[dict] = field(default_factory=list)
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (non-dense param, its stepped copy)
+
+    def write_back(self) -> None:
+        """Copy the stepped dense copies into their non-dense params."""
+        for param, copy in self.copies:
+            param.copy_(copy)
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -69,7 +79,8 @@ def grad_like_param(p: torch.Tensor) -> torch.Tensor:
 
 
 def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucket]:
-    """Buckets {(device, dtype, dense): Bucket} of the group's params with grads.
+    """Buckets {(device, dtype): Bucket} of the group's params with grads (a non-dense param as a
+    contiguous copy: call Bucket.write_back after stepping).
 
     `init_state(p, st)` runs for every such param each step: it fills what st lacks (all of it on
     the first step), so the step itself only reads states. The step counter is shared with the
@@ -81,13 +92,16 @@ def gather(group: dict, state: dict, init_state, name: str) -> dict[tuple, Bucke
         check_param(p, name)
         st = state[p]
         init_state(p, st)
-        g = grad_like_param(p)
+        g = grad_like_param(p)  # contiguous for a non-dense p, as its states
         if p.is_complex():  # stepped as real views; the state dict keeps the complex tensors
             p, g, st = real_view(p), real_view(g), {k: real_view(v) for k, v in st.items()}
-        key = (p.device, p.dtype, is_dense(p))
+        key = (p.device, p.dtype)
         if key not in buckets:
             buckets[key] = Bucket()
         b = buckets[key]
+        if not is_dense(p):
+            b.copies.append((p, p.contiguous()))
+            p = b.copies[-1][1]
         b.params.append(p)
         b.grads.append(g)
         b.states.append(st)
@@ -105,20 +119,19 @@ def zeros_state(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def choose(spec: KernelSpec, representative: torch.Tensor, dense: bool, provider: str | None,
-           cache: dict) -> str:
+def choose(spec: KernelSpec, representative: torch.Tensor, provider: str | None, cache: dict) -> str:
     """The provider for a bucket (cached per device/dtype/provider request)."""
-    if not dense:
-        return "reference"
     key = (representative.device.type, representative.dtype, provider)
     if key not in cache:
         cache[key] = select_provider(spec, (representative,), {}, provider)[0]
     return cache[key]
 
 
-def run_provider(spec: KernelSpec, chosen: str, *args, **kwargs) -> None:
+def run_provider(spec: KernelSpec, chosen: str, bucket: Bucket, *states, **kwargs) -> None:
+    """Step the bucket's params (with its grads and the given state lists) by one provider call."""
     fn = spec.reference if chosen == "reference" else spec.providers[chosen]
-    fn(*args, **kwargs)
+    fn(bucket.params, bucket.grads, *states, **kwargs)
+    bucket.write_back()
 
 
 def check_hparams(lr, betas, eps, weight_decay, name: str) -> None:

@@ -192,9 +192,9 @@ class LAMB(torch.optim.Optimizer):
                       weight_decay=group["weight_decay"], grad_divisor=divisor,
                       bias_correction=group["bias_correction"], adam_w_mode=self.adam_w_mode,
                       grad_averaging=group["grad_averaging"], use_nvlamb=self.use_nvlamb)
-            for (_, _, dense), b in buckets.items():
-                chosen = oc.choose(SPEC, b.params[0], dense, self.provider, self._chosen)
-                oc.run_provider(SPEC, chosen, b.params, b.grads,
+            for b in buckets.values():
+                chosen = oc.choose(SPEC, b.params[0], self.provider, self._chosen)
+                oc.run_provider(SPEC, chosen, b,
                                 [st["exp_avg"] for st in b.states],
                                 [st["exp_avg_sq"] for st in b.states],
                                 [st["step"] for st in b.states], **hp)

@@ -108,7 +108,7 @@ def _adamw_body(ptrs, i, offs, mask, scal, decay, w1, beta2, w2, eps, LERP_LOW: 
     vd = v
     if AMSGRAD:
         vm_ptr = _slot(ptrs, i, 4, DT, ALIGNED)
-        vd = tl.maximum(_ld(vm_ptr, offs, mask, MASKED), v)
+        vd = tl.maximum(_ld(vm_ptr, offs, mask, MASKED), v, propagate_nan=tl.PropagateNan.ALL)  # torch.maximum's NaN
         _st(vm_ptr, offs, vd, mask, MASKED)
     denom = tl.sqrt(vd) / tl.load(scal + i * 2 + 1) + eps  # scal[i] = (step_size, sqrt(bc2))
     p = p - tl.load(scal + i * 2) * m / denom
@@ -141,20 +141,24 @@ def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, scal, decay, w1, beta2, w2, ep
 
 @triton.jit
 def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip, l2,
-                dec, DT: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr):
+                dec, DT: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr, L2: tl.constexpr):
     p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
     g_ptr = _slot(ptrs, i, 1, DT, ALIGNED)
     m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
     v_ptr = _slot(ptrs, i, 3, DT, ALIGNED)
     p = _ld(p_ptr, offs, mask, MASKED)
-    g = _ld(g_ptr, offs, mask, MASKED) * inv_clip + l2 * p
+    g = _ld(g_ptr, offs, mask, MASKED) * inv_clip
+    if L2:  # only the mode's decay term: a NaN/Inf p never makes the other's 0 * p NaN
+        g = g + l2 * p
     m = b1 * _ld(m_ptr, offs, mask, MASKED) + b3 * g
     v = b2 * _ld(v_ptr, offs, mask, MASKED) + w2 * g * g
     _st(m_ptr, offs, m, mask, MASKED)
     _st(v_ptr, offs, v, mask, MASKED)
     m = m.to(DT).to(tl.float32)  # the update from the stored (rounded) moments, as stage 2 sees them
     v = v.to(DT).to(tl.float32)
-    u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps) + dec * p
+    u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps)
+    if not L2:
+        u = u + dec * p
     if MASKED:
         u = tl.where(mask, u, 0.0)
     tl.store(part_p + c, tl.sum(p * p, axis=0))
@@ -164,7 +168,7 @@ def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, ep
 @triton.jit
 def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, scal, part_p, part_u, b1, b2, w2, b3,
                  eps, inv_clip_ptr, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr,
-                 ALIGNED: tl.constexpr):
+                 ALIGNED: tl.constexpr, L2: tl.constexpr):
     c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
     inv_clip = tl.load(inv_clip_ptr)  # 1 / the clipping divisor, computed on the device
     offs = start + tl.arange(0, BLOCK)
@@ -172,46 +176,48 @@ def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, scal, part_p, part_u, b1, b2, w
     if ALIGNED:
         if start + BLOCK <= numel:
             _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                        l2, dec, DT, True, False)
+                        l2, dec, DT, True, False, L2)
         else:
             _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                        l2, dec, DT, True, True)
+                        l2, dec, DT, True, True, L2)
     elif _fast(ptrs, i, start, numel, BLOCK):
         _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                    l2, dec, DT, True, False)
+                    l2, dec, DT, True, False, L2)
     else:
         _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                    l2, dec, DT, False, True)
+                    l2, dec, DT, False, True, L2)
 
 
 @triton.jit
 def _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT: tl.constexpr,
-                ALIGNED: tl.constexpr, MASKED: tl.constexpr):
+                ALIGNED: tl.constexpr, MASKED: tl.constexpr, L2: tl.constexpr):
     p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
     m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
     v_ptr = _slot(ptrs, i, 3, DT, ALIGNED)
     p = _ld(p_ptr, offs, mask, MASKED)
     m = _ld(m_ptr, offs, mask, MASKED)
     v = _ld(v_ptr, offs, mask, MASKED)
-    u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps) + dec * p
+    u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps)
+    if not L2:
+        u = u + dec * p
     _st(p_ptr, offs, p - tl.load(step_lr + i) * u, mask, MASKED)
 
 
 @triton.jit
 def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, scal, step_lr, eps, dec,
-                 DT: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                 DT: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr, L2: tl.constexpr):
     c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
     offs = start + tl.arange(0, BLOCK)
     mask = offs < numel
     if ALIGNED:
         if start + BLOCK <= numel:
-            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False)
+            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False, L2)
         else:
-            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, True)
+            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, True, L2)
     elif _fast(ptrs, i, start, numel, BLOCK):
-        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False)
+        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False, L2)
     else:
-        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, False, True)
+        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, False, True, L2)
 
 
 class TableCache:
@@ -267,7 +273,7 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class ChunkTable:
-    """Per program (tensor index, first element); per tensor numel and chunk range [first, end)."""
+    """Per program (tensor index, first element); per tensor numel and chunk count."""
 
     def __init__(self, numels: Sequence[int], device: torch.device) -> None:
         n = torch.tensor(numels, dtype=torch.int64, device="cpu")  # host tables: not the default device
@@ -276,8 +282,7 @@ class ChunkTable:
         chunk_t = torch.repeat_interleave(torch.arange(len(numels), device="cpu"), counts)  # [n_chunks]
         first = torch.cumsum(counts, 0) - counts  # first chunk of each tensor
         chunk_s = (torch.arange(self.n_chunks, device="cpu") - first[chunk_t]) * BLOCK
-        self.first = _to_device(first, device)
-        self.end = _to_device(first + counts, device)  # one past each tensor's last chunk
+        self.counts = _to_device(counts, device)  # chunks of each tensor, consecutive in chunk order
         self.numels = _to_device(n, device)
         self.chunk_t = _to_device(chunk_t.to(torch.int32), device)
         self.chunk_s = _to_device(chunk_s, device)
@@ -378,14 +383,17 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
     _lamb_stage1[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, part_p, part_u,
                        beta1, beta2, 1 - beta2, (1 - beta1) if grad_averaging else 1.0, eps,
                        inverse_divisor(grad_divisor, dev), l2, dec, DT=_DT[dt], BLOCK=BLOCK,
-                       ALIGNED=aligned)
+                       ALIGNED=aligned, L2=not adam_w_mode)
     norms = []
-    for part in (part_p, part_u):  # per-tensor sums of consecutive chunks, deterministic, fp64
-        cs = torch.nn.functional.pad(torch.cumsum(part.double(), 0), (1, 0))  # cs[k] = sum of k first
-        norms.append((cs[tab.end] - cs[tab.first]).clamp(min=0).sqrt())
+    for part in (part_p, part_u):
+        # Per tensor, its consecutive chunks' sums added in order in fp64 (deterministic; unsafe=True
+        # skips the length checks' host reads). Not differences of one running sum: a NaN there
+        # poisoned every later tensor's norm, and a large one drowned the small ones after it.
+        sums = torch.segment_reduce(part.double(), "sum", lengths=tab.counts, unsafe=True)
+        norms.append(sums.sqrt())
     pn, un = norms
     trust = (pn > 0) & (un > 0) & bool(use_nvlamb or weight_decay != 0)
     step_lr = (lr * torch.where(trust, pn / torch.where(trust, un, torch.ones_like(un)),
                                 torch.ones_like(pn))).float()
     _lamb_stage2[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, step_lr, eps,
-                       dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned)
+                       dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned, L2=not adam_w_mode)

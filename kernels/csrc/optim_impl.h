@@ -37,7 +37,10 @@ void adamw_chunk(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamS
     const M vk = fmadd(w2 * gk, gk, static_cast<M>(v[k]) * b2);
     M vd = vk;
     if constexpr (AMSGRAD) {
-      vd = std::max(static_cast<M>(vmax[k]), vk);
+      // torch.maximum's NaN rule (a NaN on either side wins), as torch.optim.AdamW's loop: std::max
+      // would keep the old max past a NaN moment, and the state dict would differ from torch's.
+      const M vm = static_cast<M>(vmax[k]);
+      vd = (vk > vm || vk != vk) ? vk : vm;
       vmax[k] = static_cast<T>(vd);
     }
     const M denom = std::sqrt(vd) / bc2s + e;
@@ -54,17 +57,20 @@ template <typename T, typename M>
 void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
                  double* sum_p, double* sum_u) {
   const M inv_clip = s.inv_clip, l2 = s.l2, b1 = s.b1, b2 = s.b2, b3 = s.b3, w2 = s.w2, e = s.eps, dec = s.dec;
+  const bool l2_mode = s.l2_mode;
   M sp = 0, su = 0;
 #pragma omp simd reduction(+ : sp, su)
   for (int64_t k = 0; k < len; ++k) {
     const M pk = static_cast<M>(p[k]);
-    const M gk = static_cast<M>(g[k]) * inv_clip + l2 * pk;
+    const M gc = static_cast<M>(g[k]) * inv_clip;
+    const M gk = l2_mode ? gc + l2 * pk : gc;
     const M mk = b1 * static_cast<M>(m[k]) + b3 * gk;
     const M vk = b2 * static_cast<M>(v[k]) + w2 * gk * gk;
     const T mt = static_cast<T>(mk), vt = static_cast<T>(vk);
     m[k] = mt;
     v[k] = vt;
-    const M u = (static_cast<M>(mt) * ib1) / (std::sqrt(static_cast<M>(vt) * ib2) + e) + dec * pk;
+    const M r = (static_cast<M>(mt) * ib1) / (std::sqrt(static_cast<M>(vt) * ib2) + e);
+    const M u = l2_mode ? r : r + dec * pk;
     sp += pk * pk;
     su += u * u;
   }
@@ -76,10 +82,12 @@ void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScal
 template <typename T, typename M>
 void lamb_stage2(T* p, const T* m, const T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2, M step_lr) {
   const M e = s.eps, dec = s.dec;
+  const bool l2_mode = s.l2_mode;
 #pragma omp simd
   for (int64_t k = 0; k < len; ++k) {
     const M pk = static_cast<M>(p[k]);
-    const M u = (static_cast<M>(m[k]) * ib1) / (std::sqrt(static_cast<M>(v[k]) * ib2) + e) + dec * pk;
+    const M r = (static_cast<M>(m[k]) * ib1) / (std::sqrt(static_cast<M>(v[k]) * ib2) + e);
+    const M u = l2_mode ? r : r + dec * pk;
     p[k] = static_cast<T>(pk - step_lr * u);
   }
 }

@@ -111,7 +111,7 @@ def test_tables_content_hits_misses_and_bound() -> None:
     assert tab.n_chunks == len(t_idx) == 1 + 1 + 2 + 2 + 0 + 3
     assert tab.chunk_t.tolist() == t_idx and tab.chunk_s.tolist() == starts
     assert tab.numels.tolist() == numels
-    assert tab.first.tolist() == first and tab.end.tolist() == [x + 1 for x in last]
+    assert tab.counts.tolist() == [b + 1 - a for a, b in zip(first, last)]
     assert ptrs.tolist() == [[lst[i].data_ptr() if lst else 0 for lst in lists] + [1] for i in range(len(ps))]
     assert to.SLOTS == 6 and ptrs.shape == (len(ps), to.SLOTS)
     assert aligned and (to.CHUNK_TABLES.misses, to.POINTER_TABLES.misses) == (1, 1)
