@@ -11,14 +11,18 @@ targets, smoothing, reductions and chunk sizes. Every provider a call admits (`c
 `judge` (numerics.assert_matches's protocol: error against float64 within 2x the larger of
 eager's and ATen's fused op's, non-finite positions as the truth's or eager's); ATen's own op is
 the baseline, held only to running where eager runs. Where eager raises, every provider must
-raise too. A failure prints one line with the seed that reproduces it:
+raise too. The optimizers (AdamW, LAMB) get short training runs, judged on params and states
+(tests/kernels/fuzz_optim.py). A failure prints one line with the seed that reproduces it:
 `python -m tests.kernels.fuzz --seed S --cases 1`.
 
 Found and fixed with it (2026-12-03): softmax over a moved size-1 dim with a mask (the kernel
 refused the view), the aten LayerNorm admitting an fp32 bias alone on bf16/fp16 x, cross-entropy
 gradients at fp32 logits ~30-100 (30-60 ulps off) and ignored rows with NaN logits (0, eager
 NaN), the LayerNorm mean at a large common offset, and the bias / norm weight gradients' fp32
-chains over thousands of rows (5-11x eager's error).
+chains over thousands of rows (5-11x eager's error); a mask on a zero-size input moved to
+another dim; AMSGrad's max dropping a NaN, LAMB's unused decay term, the Triton LAMB's per-tensor
+norms poisoned by an earlier NaN, and non-dense params stepping in another arithmetic
+(docs/kernels.md, "The optimizers on awkward parameters").
 """
 from __future__ import annotations
 
