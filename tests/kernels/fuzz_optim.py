@@ -198,7 +198,7 @@ class FusedAdamWWhereItRuns:
     which the fused op refuses. Run on contiguous params and grads only (simulate(contiguous=True)):
     torch 2.13's fused CPU AdamW walks a non-dense param's memory span as if it were contiguous
     (updating the wrong elements, writing between the view's elements) and reads a grad whose
-    strides differ from its param's as flat memory (tests/kernels/test_optim.py shows both)."""
+    strides differ from its param's as flat memory (tests/kernels/test_optim_edge_cases.py shows both)."""
 
     def __init__(self, groups: list[dict], **kw) -> None:
         def split(fused: bool) -> list[dict]:
@@ -208,12 +208,14 @@ class FusedAdamWWhereItRuns:
                                         foreach=False if not f else None, **kw)
                       for f in (True, False) if any(g["params"] for g in split(f))]
         self.param_groups = [g for o in self.parts for g in o.param_groups]
-        self.state = {p: st for o in self.parts for p, st in o.state.items()}
+
+    @property
+    def state(self) -> dict:
+        return {p: st for o in self.parts for p, st in o.state.items()}
 
     def step(self) -> None:
         for o in self.parts:
             o.step()
-        self.state = {p: st for o in self.parts for p, st in o.state.items()}
 
 
 def _variants(case: OptCase) -> tuple[Callable, Optional[Callable], dict[str, Callable]]:
