@@ -36,6 +36,26 @@ def default_chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
     return max(1, min(n_tokens, 1 << max(0, math.ceil(math.log2(math.ceil(n_tokens / ratio)))))) if n_tokens else 1
 
 
+def _mm(a, b, bias=None, out=None):
+    """a [m, k] @ b [k, n] (+ bias [n]), into `out` when given.
+
+    A bf16 product with k = 1 on the CPU is computed as the outer product it is, in fp32 and
+    rounded once, as the GEMM would round it: torch 2.13's oneDNN (v3.12) corrupts the heap when
+    bf16 matmuls with k = 1 and with k > 1 run while its primitive cache evicts (a pure-torch
+    repro: tests/kernels/repro_onednn_bf16_k1.py). A 1-row chunk makes dW's GEMM one of those.
+    """
+    if a.shape[1] == 1 and a.dtype == torch.bfloat16 and a.device.type == "cpu":
+        prod = a.float() * b.float()  # [m, 1] * [1, n] -> [m, n], exact in fp32
+        if bias is not None:
+            prod = prod + bias.float()
+        if out is None:  # row-major as the GEMM's (prod keeps a's strides, even a size-1 dim's)
+            out = torch.empty(prod.shape, dtype=a.dtype, device=a.device)
+        return out.copy_(prod)
+    if out is not None:
+        return torch.mm(a, b, out=out) if bias is None else torch.addmm(bias, a, b, out=out)
+    return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+
+
 def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, provider,
              need_dx, need_dw, need_db):
     """Loss (fp32 scalar), where needed dx [N, H], dW [V, H], db [V] for a unit upstream grad, and
@@ -69,18 +89,18 @@ def _chunked(x, weight, bias, target, ignore_index, eps, reduction, chunk_size, 
     for s in range(0, n, chunk_size):
         e = min(n, s + chunk_size)
         xc, tc = x[s:e], target[s:e]  # [c, H], [c]
-        logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())
+        logits = _mm(xc, weight.t(), bias)
         if not want_grad:
             loss_sum = loss_sum + ops.forward(logits, tc, ignore_index, eps)[0].sum()
             continue
         loss_sum = loss_sum + ops.fused_(logits, tc, ignore_index, eps, scale).sum()  # logits -> G [c, V]
         if dx is not None:
-            torch.mm(logits, weight, out=dx[s:e])
+            _mm(logits, weight, out=dx[s:e])
         if dw is not None:
             if dw.dtype == logits.dtype:
                 dw.addmm_(logits.t(), xc)
             else:
-                dw += torch.mm(logits.t(), xc).to(acc)
+                dw += _mm(logits.t(), xc).to(acc)
         if db is not None:
             db += logits.sum(0, dtype=acc)
         del logits

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.cross_entropy import CrossEntropyError
 from kernels.linear_cross_entropy import SPEC as FLCE_SPEC
-from kernels.linear_cross_entropy import default_chunk_size, fused_linear_cross_entropy
+from kernels.linear_cross_entropy import _mm, default_chunk_size, fused_linear_cross_entropy
 from tests.kernels.ce_cases import flce, targets
 from tests.kernels.numerics import DTYPES, REPO_ROOT, check_against_reference, fwd_bwd, make
 
@@ -122,6 +123,47 @@ def test_fused_linear_cross_entropy_partial_grads_and_no_grad() -> None:
         plain = fused_linear_cross_entropy(x, w, t, chunk_size=4, provider="cpu")
     assert torch.allclose(plain.double(), FLCE_SPEC.reference(x.double(), w.double(), t), atol=1e-5)
 
+
+
+class _InnerDimOneProducts(TorchDispatchMode):
+    """Records the bf16 matmuls (mm, addmm) with inner dimension 1 that reach ATen."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default,
+                    torch.ops.aten.addmm.out, torch.ops.aten.addmm_.default):
+            a = args[0] if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out) else args[1]
+            if a.dtype == torch.bfloat16 and a.shape[1] == 1:
+                self.seen.append((func.__name__, tuple(a.shape)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("provider", ["cpu", "aten"])
+def test_bf16_products_with_inner_dim_one_skip_the_gemm(provider) -> None:
+    """torch 2.13's oneDNN corrupts the heap on bf16 matmuls with k = 1 (a pure-torch repro:
+    tests/kernels/repro_onednn_bf16_k1.py). A 1-row chunk's dW (k = 1), hidden 1 and vocab 1 now
+    run as outer products, rounded once as the GEMM rounds: bit-equal to torch.mm here."""
+    shapes = [((5, 16), (40, 16), 2, "contiguous"), ((5, 1), (40, 1), 3, "contiguous"),  # 1-row chunk, H=1
+              ((4, 16), (1, 16), 3, "contiguous"), ((7, 1), (1, 1), 64, "transposed")]  # V=1; [7, 1] stride (1, 7)
+    for (xs, ws, chunk, layout) in shapes:
+        x = make(xs, torch.bfloat16, 30, layout=layout).requires_grad_()
+        w = make(ws, torch.bfloat16, 31).requires_grad_()
+        b = make((ws[0],), torch.bfloat16, 32).requires_grad_()
+        with _InnerDimOneProducts() as seen:
+            fused_linear_cross_entropy(x, w, targets(xs[0], ws[0]), b, chunk_size=chunk,
+                                       provider=provider).backward()
+        assert seen.seen == [], (xs, ws, seen.seen)
+        assert x.grad.isfinite().all() and w.grad.isfinite().all() and b.grad.isfinite().all()
+    a, m = make((33, 1), torch.bfloat16, 33), make((1, 47), torch.bfloat16, 34, layout="transposed")
+    bias = make((47,), torch.bfloat16, 35)
+    assert torch.equal(_mm(a, m), torch.mm(a, m))  # one k = 1 product alone is safe
+    assert torch.equal(_mm(a, m, bias), torch.addmm(bias, a, m))
+    out = torch.full((40, 47), float("nan"), dtype=torch.bfloat16)
+    _mm(a, m, out=out[2:35])
+    assert torch.equal(out[2:35], torch.mm(a, m)) and out[:2].isnan().all() and out[35:].isnan().all()
 
 @pytest.mark.parametrize("args, kw, message", [
     (((4, 8), (10, 8), (4,)), {"reduction": "none"}, "reduction"),
