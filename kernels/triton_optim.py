@@ -140,16 +140,16 @@ def _adamw_kernel(ptrs, numels, chunk_t, chunk_s, scal, decay, w1, beta2, w2, ep
 
 
 @triton.jit
-def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip, l2,
-                dec, DT: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr, L2: tl.constexpr):
+def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, clip, wd,
+                DT: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr, L2: tl.constexpr):
     p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
     g_ptr = _slot(ptrs, i, 1, DT, ALIGNED)
     m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
     v_ptr = _slot(ptrs, i, 3, DT, ALIGNED)
     p = _ld(p_ptr, offs, mask, MASKED)
-    g = _ld(g_ptr, offs, mask, MASKED) * inv_clip
+    g = tl.math.div_rn(_ld(g_ptr, offs, mask, MASKED), clip)  # IEEE division, as eager's
     if L2:  # only the mode's decay term: a NaN/Inf p never makes the other's 0 * p NaN
-        g = g + l2 * p
+        g = g + wd * p
     m = b1 * _ld(m_ptr, offs, mask, MASKED) + b3 * g
     v = b2 * _ld(v_ptr, offs, mask, MASKED) + w2 * g * g
     _st(m_ptr, offs, m, mask, MASKED)
@@ -158,7 +158,7 @@ def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, ep
     v = v.to(DT).to(tl.float32)
     u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps)
     if not L2:
-        u = u + dec * p
+        u = u + wd * p
     if MASKED:
         u = tl.where(mask, u, 0.0)
     tl.store(part_p + c, tl.sum(p * p, axis=0))
@@ -167,29 +167,29 @@ def _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, ep
 
 @triton.jit
 def _lamb_stage1(ptrs, numels, chunk_t, chunk_s, scal, part_p, part_u, b1, b2, w2, b3,
-                 eps, inv_clip_ptr, l2, dec, DT: tl.constexpr, BLOCK: tl.constexpr,
+                 eps, clip_ptr, wd, DT: tl.constexpr, BLOCK: tl.constexpr,
                  ALIGNED: tl.constexpr, L2: tl.constexpr):
     c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
-    inv_clip = tl.load(inv_clip_ptr)  # 1 / the clipping divisor, computed on the device
+    clip = tl.load(clip_ptr)  # the clipping divisor, in fp32, on the device
     offs = start + tl.arange(0, BLOCK)
     mask = offs < numel
     if ALIGNED:
         if start + BLOCK <= numel:
-            _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                        l2, dec, DT, True, False, L2)
+            _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, clip,
+                        wd, DT, True, False, L2)
         else:
-            _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                        l2, dec, DT, True, True, L2)
+            _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, clip,
+                        wd, DT, True, True, L2)
     elif _fast(ptrs, i, start, numel, BLOCK):
-        _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                    l2, dec, DT, True, False, L2)
+        _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, clip,
+                    wd, DT, True, False, L2)
     else:
-        _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, inv_clip,
-                    l2, dec, DT, False, True, L2)
+        _lamb1_body(ptrs, c, i, offs, mask, scal, part_p, part_u, b1, b2, w2, b3, eps, clip,
+                    wd, DT, False, True, L2)
 
 
 @triton.jit
-def _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT: tl.constexpr,
+def _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, wd, DT: tl.constexpr,
                 ALIGNED: tl.constexpr, MASKED: tl.constexpr, L2: tl.constexpr):
     p_ptr = _slot(ptrs, i, 0, DT, ALIGNED)
     m_ptr = _slot(ptrs, i, 2, DT, ALIGNED)
@@ -199,25 +199,25 @@ def _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT: tl.constexpr,
     v = _ld(v_ptr, offs, mask, MASKED)
     u = (m * tl.load(scal + i * 2)) / (tl.sqrt(v * tl.load(scal + i * 2 + 1)) + eps)
     if not L2:
-        u = u + dec * p
+        u = u + wd * p
     _st(p_ptr, offs, p - tl.load(step_lr + i) * u, mask, MASKED)
 
 
 @triton.jit
-def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, scal, step_lr, eps, dec,
+def _lamb_stage2(ptrs, numels, chunk_t, chunk_s, scal, step_lr, eps, wd,
                  DT: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr, L2: tl.constexpr):
     c, i, start, numel = _chunk(chunk_t, chunk_s, numels, BLOCK)
     offs = start + tl.arange(0, BLOCK)
     mask = offs < numel
     if ALIGNED:
         if start + BLOCK <= numel:
-            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False, L2)
+            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, wd, DT, True, False, L2)
         else:
-            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, True, L2)
+            _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, wd, DT, True, True, L2)
     elif _fast(ptrs, i, start, numel, BLOCK):
-        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, True, False, L2)
+        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, wd, DT, True, False, L2)
     else:
-        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, dec, DT, False, True, L2)
+        _lamb2_body(ptrs, i, offs, mask, scal, step_lr, eps, wd, DT, False, True, L2)
 
 
 class TableCache:
@@ -359,10 +359,12 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, 
         ALIGNED=aligned)
 
 
-def inverse_divisor(grad_divisor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """1 / grad_divisor (a 0-dim tensor: LAMB's clipping divisor) as a [1] fp32 tensor on
-    `device`, computed there, never read on the host."""
-    return (1.0 / grad_divisor.to(device=device, dtype=torch.float64)).float().reshape(1)
+def divisor_on(grad_divisor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """grad_divisor (a 0-dim tensor: LAMB's clipping divisor) as a [1] fp32 tensor on `device`,
+    never read on the host: grads are divided by it in fp32, as the eager reference divides
+    (multiplying by a rounded reciprocal differed in a third of the elements, and in a
+    cancellation g / clip + wd * p that ulp became a visible error: fuzz seed 644928)."""
+    return grad_divisor.to(device=device, dtype=torch.float64).float().reshape(1)
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
@@ -378,11 +380,10 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
                   else (1.0, 1.0), dev)
     part_p = torch.empty(tab.n_chunks, dtype=torch.float32, device=dev)
     part_u = torch.empty_like(part_p)
-    l2, dec = (0.0, weight_decay) if adam_w_mode else (weight_decay, 0.0)
     grid = (tab.n_chunks,)
     _lamb_stage1[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, part_p, part_u,
                        beta1, beta2, 1 - beta2, (1 - beta1) if grad_averaging else 1.0, eps,
-                       inverse_divisor(grad_divisor, dev), l2, dec, DT=_DT[dt], BLOCK=BLOCK,
+                       divisor_on(grad_divisor, dev), weight_decay, DT=_DT[dt], BLOCK=BLOCK,
                        ALIGNED=aligned, L2=not adam_w_mode)
     norms = []
     for part in (part_p, part_u):
@@ -396,4 +397,4 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, 
     step_lr = (lr * torch.where(trust, pn / torch.where(trust, un, torch.ones_like(un)),
                                 torch.ones_like(pn))).float()
     _lamb_stage2[grid](ptrs, tab.numels, tab.chunk_t, tab.chunk_s, scal, step_lr, eps,
-                       dec, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned, L2=not adam_w_mode)
+                       weight_decay, DT=_DT[dt], BLOCK=BLOCK, ALIGNED=aligned, L2=not adam_w_mode)

@@ -56,21 +56,21 @@ void adamw_chunk(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamS
 template <typename T, typename M>
 void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
                  double* sum_p, double* sum_u) {
-  const M inv_clip = s.inv_clip, l2 = s.l2, b1 = s.b1, b2 = s.b2, b3 = s.b3, w2 = s.w2, e = s.eps, dec = s.dec;
+  const M clip = s.clip, wd = s.wd, b1 = s.b1, b2 = s.b2, b3 = s.b3, w2 = s.w2, e = s.eps;
   const bool l2_mode = s.l2_mode;
   M sp = 0, su = 0;
 #pragma omp simd reduction(+ : sp, su)
   for (int64_t k = 0; k < len; ++k) {
     const M pk = static_cast<M>(p[k]);
-    const M gc = static_cast<M>(g[k]) * inv_clip;
-    const M gk = l2_mode ? gc + l2 * pk : gc;
+    const M gc = static_cast<M>(g[k]) / clip;  // a division, as eager's: bit-equal clipped grads
+    const M gk = l2_mode ? gc + wd * pk : gc;
     const M mk = b1 * static_cast<M>(m[k]) + b3 * gk;
     const M vk = b2 * static_cast<M>(v[k]) + w2 * gk * gk;
     const T mt = static_cast<T>(mk), vt = static_cast<T>(vk);
     m[k] = mt;
     v[k] = vt;
     const M r = (static_cast<M>(mt) * ib1) / (std::sqrt(static_cast<M>(vt) * ib2) + e);
-    const M u = l2_mode ? r : r + dec * pk;
+    const M u = l2_mode ? r : r + wd * pk;
     sp += pk * pk;
     su += u * u;
   }
@@ -81,13 +81,13 @@ void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScal
 // LAMB stage 2 on one chunk: recompute the update from m, v, p and apply p -= step_lr * update.
 template <typename T, typename M>
 void lamb_stage2(T* p, const T* m, const T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2, M step_lr) {
-  const M e = s.eps, dec = s.dec;
+  const M e = s.eps, wd = s.wd;
   const bool l2_mode = s.l2_mode;
 #pragma omp simd
   for (int64_t k = 0; k < len; ++k) {
     const M pk = static_cast<M>(p[k]);
     const M r = (static_cast<M>(m[k]) * ib1) / (std::sqrt(static_cast<M>(v[k]) * ib2) + e);
-    const M u = l2_mode ? r : r + dec * pk;
+    const M u = l2_mode ? r : r + wd * pk;
     p[k] = static_cast<T>(pk - step_lr * u);
   }
 }
