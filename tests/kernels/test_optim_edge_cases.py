@@ -96,3 +96,25 @@ def test_non_dense_fp16_params_step_like_their_dense_twins() -> None:
         assert not twins[1].is_contiguous() and twins[1].isfinite().all(), Opt.__name__
         assert torch.equal(twins[0], twins[1]), Opt.__name__
         assert all(torch.equal(opt.state[twins[0]][k], opt.state[twins[1]][k]) for k in opt.state[twins[0]])
+
+
+def test_lamb_divides_grads_by_the_clipping_divisor_as_the_reference_does() -> None:
+    """The C++ step multiplied grads by a rounded 1 / divisor: a third of the clipped grads one bit
+    off the reference's g / divisor, and where g / clip + wd * p nearly cancels (L2 mode) that bit
+    moved a step by 4e-4 relative (fuzz seed 644928). With beta1 = 0 the first step's exp_avg is
+    the clipped grad itself (adam_w_mode): now bit-equal to the reference's. (In L2 mode the C++
+    adds wd * p to it in one fused multiply-add where eager rounds twice.)"""
+    from kernels.registry import KERNELS
+    from tests.kernels.numerics import make
+
+    spec = KERNELS["lamb_step"]
+    g, p0 = make((4099,), seed=1, scale=30.0), make((4099,), seed=2)
+    hp = dict(lr=0.1, beta1=0.0, beta2=0.999, eps=1e-6, weight_decay=0.1,
+              grad_divisor=torch.tensor(1988.1658496713314, dtype=torch.float64), bias_correction=True,
+              adam_w_mode=True, grad_averaging=True, use_nvlamb=False)
+    exp_avg = {}
+    for provider, step_fn in (("reference", spec.reference), ("cpu", spec.providers["cpu"])):
+        p, m, v, step = p0.clone(), torch.zeros(4099), torch.zeros(4099), torch.zeros((), dtype=torch.float32)
+        step_fn([p], [g.clone()], [m], [v], [step], **hp)
+        exp_avg[provider] = m
+    assert torch.equal(exp_avg["cpu"], exp_avg["reference"])
