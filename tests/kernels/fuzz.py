@@ -21,8 +21,10 @@ gradients at fp32 logits ~30-100 (30-60 ulps off) and ignored rows with NaN logi
 NaN), the LayerNorm mean at a large common offset, and the bias / norm weight gradients' fp32
 chains over thousands of rows (5-11x eager's error); a mask on a zero-size input moved to
 another dim; AMSGrad's max dropping a NaN, LAMB's unused decay term, the Triton LAMB's per-tensor
-norms poisoned by an earlier NaN, and non-dense params stepping in another arithmetic
-(docs/kernels.md, "The optimizers on awkward parameters").
+norms poisoned by an earlier NaN, and non-dense params stepping in another arithmetic; the C++
+LAMB's fp32 lane sums, reciprocal clipping and fp32(wd) amplified in cancellations (docs/kernels.md,
+"The optimizers on awkward parameters"). Not ours: torch 2.13's oneDNN corrupting the heap on
+bf16 matmuls with inner dim 1 (tests/kernels/repro_onednn_bf16_k1.py; main() raises its cache).
 """
 from __future__ import annotations
 
