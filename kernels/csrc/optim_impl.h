@@ -66,8 +66,8 @@ FL_INLINE M add_decay(M x, M hi, M lo, M p) {
 // update recomputed from the stored (rounded) m and v exactly as stage 2 does. Summed in fp64, in
 // the chunk as across chunks (caller): fp32 lanes over a 4K-element tensor put 3e-6 into a trust
 // ratio, which a large step (a tiny ||update||) carried to 8e-6 in the params (fuzz seed 700594,
-// torch.norm's cascade sum 7e-8). With the division by the clipping divisor the step is ~7% slower
-// than with fp32 lanes and a reciprocal (4M fp32 params, 1 thread: 21-22.8 -> 23.5-23.7 ms).
+// torch.norm's cascade sum 7e-8). With the division by the clipping divisor and the hi + lo decay
+// the step costs 7% (4M fp32 params, 1 thread) to 28% (35.4M) more: docs/kernels.md.
 template <typename T, typename M>
 void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
                  double* sum_p, double* sum_u) {
