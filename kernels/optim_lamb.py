@@ -168,14 +168,18 @@ class LAMB(torch.optim.Optimizer):
         st["exp_avg"] = oc.zeros_state(p)
         st["exp_avg_sq"] = oc.zeros_state(p)
 
+    def _norm_in_cpp(self) -> bool:
+        """Whether the clipping norm may use the C++ reduction (fp64 sums): not for the reference."""
+        return self.provider != "reference"
+
     def _grad_divisor(self, all_buckets) -> float | torch.Tensor:
         """The clipping divisor: a tensor when every grad is on one device (no host read), else a float."""
         if not self.max_grad_norm:
             return 1.0
         grads = [g for buckets in all_buckets for b in buckets.values() for g in b.grads]
         if len({g.device for g in grads}) == 1:
-            return device_grad_divisor(grads, self.max_grad_norm, cpp=self.provider != "reference")
-        norm = global_grad_norm(grads, cpp=self.provider != "reference")
+            return device_grad_divisor(grads, self.max_grad_norm, cpp=self._norm_in_cpp())
+        norm = global_grad_norm(grads, cpp=self._norm_in_cpp())
         return norm / self.max_grad_norm if norm > self.max_grad_norm else 1.0
 
     @torch.no_grad()

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 import kernels
-from kernels.optim_lamb import device_grad_divisor
 from kernels.registry import KERNELS
 from tests.kernels.fuzz import EAGER_REFUSES, Draw, generator, judge
 
@@ -229,11 +228,8 @@ class ReferenceLambWithFp64ClipNorm(kernels.LAMB):
     def __init__(self, params, **kw) -> None:
         super().__init__(params, provider="reference", **kw)
 
-    def _grad_divisor(self, all_buckets):  # the fuzzer's params share one device
-        grads = [g for buckets in all_buckets for b in buckets.values() for g in b.grads]
-        if not self.max_grad_norm or not grads:  # no grads this step: nothing is divided
-            return super()._grad_divisor(all_buckets)
-        return device_grad_divisor(grads, self.max_grad_norm, cpp=True)
+    def _norm_in_cpp(self) -> bool:
+        return True
 
 
 def _variants(case: OptCase) -> tuple[Callable, Optional[Callable], dict[str, Callable]]:
