@@ -63,7 +63,9 @@ def test_a_warm_up_is_never_a_sample(monkeypatch) -> None:
             return _work(x, first if calls[name] == 1 else then)
         return run
 
-    spec = KernelSpec("toy_tuning_first_call", provider("reference", 4, 4), {"cpu": provider("cpu", 60, 1)},
+    # reference 40x cpu's timed work (one sample each: a ~0.2 ms stall under CI's load flipped 4x),
+    # and still below cpu's 60x warm-up, so judging the warm-ups alone would pick the reference
+    spec = KernelSpec("toy_tuning_first_call", provider("reference", 40, 40), {"cpu": provider("cpu", 60, 1)},
                       Supports(dtypes=(torch.float32,)))
     monkeypatch.setattr(tuning, "SAMPLE_TARGET_S", 1e-9)  # one call per sample, as for long calls
     m = tuning.measure(spec, ["cpu", "reference"], (torch.randn(N),), {}, False, budget_s=0.0)
