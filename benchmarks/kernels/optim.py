@@ -36,9 +36,10 @@ def param_shapes(layers: int) -> list[tuple[int, ...]]:
 
 
 def _make(shapes, grads, seed: int = 0) -> list[torch.nn.Parameter]:
+    """Params in the grads' device and dtype, with those grads attached."""
     g = torch.Generator().manual_seed(seed)
-    dev = grads[0].device
-    ps = [torch.nn.Parameter((0.02 * torch.randn(s, generator=g)).to(dev)) for s in shapes]
+    dev, dt = grads[0].device, grads[0].dtype
+    ps = [torch.nn.Parameter((0.02 * torch.randn(s, generator=g)).to(dev, dt)) for s in shapes]
     for p, gr in zip(ps, grads):
         p.grad = gr
     return ps
@@ -80,7 +81,37 @@ def _foreach_lamb(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.
 
 def cases(threads: int) -> list[dict]:
     quick = os.environ.get("FL_BENCH_QUICK") == "1"
-    return _cases(param_shapes(1 if quick else 4), "cpu", "cpu")
+    shapes = param_shapes(1 if quick else 4)
+    return _cases(shapes, "cpu", "cpu") + _variant_cases(shapes)
+
+
+def _variant_cases(shapes) -> list[dict]:
+    """bf16 params (AdamW, LAMB) and fp32 AMSGrad on the CPU: each of these ran a scalar loop in
+    every ISA copy until 2026-12-03 (2.4-5.5x slower; docs/kernels.md), unseen while the bench
+    timed fp32 without AMSGrad only."""
+    n = sum(math.prod(s) for s in shapes)
+    g = torch.Generator().manual_seed(1)
+    grads32 = [1e-3 * torch.randn(s, generator=g) for s in shapes]
+    grads16 = [x.to(torch.bfloat16) for x in grads32]
+    hp = dict(lr=1e-4, weight_decay=0.01)
+    shape = f"{len(shapes)} tensors, {n / 1e6:.1f}M params"
+    out = []
+    for dtype, grads, extra, tag in (("bfloat16", grads16, {}, "bf16 params and states"),
+                                     ("float32", grads32, {"amsgrad": True}, "amsgrad=True")):
+        width = 2 if dtype == "bfloat16" else 4
+        adamw = {"naive": torch.optim.AdamW(_make(shapes, grads), foreach=False, **hp, **extra),
+                 "aten": torch.optim.AdamW(_make(shapes, grads), fused=True, **hp, **extra),
+                 "ours": AdamW(_make(shapes, grads), provider="cpu", **hp, **extra)}
+        per_param = (7 + (2 if extra else 0)) * width  # read g, p, m, v (+vmax); write p, m, v (+vmax)
+        out.append(dict(kernel="adamw_step", **{"pass": "step"}, shape=shape, dtype=dtype,
+                        variants={k: o.step for k, o in adamw.items()}, baseline="naive", compile=None,
+                        bytes=float(per_param) * n, notes=f"GPT-2-small-shaped, {tag}"))
+    lamb = {"naive": LAMB(_make(shapes, grads16), provider="reference", **hp).step,
+            "ours": LAMB(_make(shapes, grads16), provider="cpu", **hp).step}
+    out.append(dict(kernel="lamb_step", **{"pass": "step"}, shape=shape, dtype="bfloat16",
+                    variants=lamb, baseline="naive", compile=None, bytes=22.0 * n,
+                    notes="apex FusedLAMB semantics, max_grad_norm=1, bf16 params and states"))
+    return out
 
 
 def gpu_cases(device: str = "cuda") -> list[dict]:

@@ -64,9 +64,11 @@ struct ChunkOps {
   using M = opmath_t<T>;
   void (*adamw)(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s);
   void (*adamw_amsgrad)(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s);
-  void (*lamb1)(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
-                double* sum_p, double* sum_u);
-  void (*lamb2)(T* p, const T* m, const T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2, M step_lr);
+  // LAMB's stages, indexed by l2_mode (a template parameter of the loops: a branch inside kept
+  // GCC from vectorizing stage 1 at all, which then ran scalar in every ISA copy)
+  void (*lamb1[2])(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
+                   double* sum_p, double* sum_u);
+  void (*lamb2[2])(T* p, const T* m, const T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2, M step_lr);
   double (*sumsq)(const T* x, int64_t len);
 };
 
@@ -247,7 +249,7 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
-        ops.lamb1(params[i].const_data_ptr<T>() + ch.begin, grads[i].const_data_ptr<T>() + ch.begin,
+        ops.lamb1[sc.l2_mode](params[i].const_data_ptr<T>() + ch.begin, grads[i].const_data_ptr<T>() + ch.begin,
                   exp_avgs[i].data_ptr<T>() + ch.begin, exp_avg_sqs[i].data_ptr<T>() + ch.begin,
                   ch.end - ch.begin, sc, inv_bc1[i], inv_bc2[i], &sum_p[c], &sum_u[c]);
       }
@@ -270,7 +272,7 @@ void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       for (int64_t c = cb; c < ce; ++c) {
         const Chunk& ch = chunks[c];
         const int i = ch.tensor;
-        ops.lamb2(params[i].data_ptr<T>() + ch.begin, exp_avgs[i].const_data_ptr<T>() + ch.begin,
+        ops.lamb2[sc.l2_mode](params[i].data_ptr<T>() + ch.begin, exp_avgs[i].const_data_ptr<T>() + ch.begin,
                   exp_avg_sqs[i].const_data_ptr<T>() + ch.begin, ch.end - ch.begin, sc, inv_bc1[i],
                   inv_bc2[i], step_lr[i]);
       }

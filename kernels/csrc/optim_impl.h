@@ -10,6 +10,10 @@
 // FMA where ATen's vectorized CPU kernels do (the AVX2 and AVX-512 copies, with FMA hardware);
 // the baseline copy (CPUs without FMA) writes them as a multiply and an add, as ATen's default
 // kernels do there, instead of std::fma (a library call without FMA hardware: ~25 ns/element).
+// The AdamW loop is compiled without implicit FMA contraction (GCC's default fuses p * decay +
+// update, which ATen's fused kernel rounds twice), so its vector copies are ATen's bit for bit.
+// Every loop here must vectorize (check with `objdump -d` or -fopt-info-vec-missed after a change):
+// a run-time flag tested inside, or c10's 16-bit conversions, have each left one scalar.
 
 template <typename M>
 FL_INLINE M fmadd(M a, M b, M c) {
@@ -20,33 +24,79 @@ FL_INLINE M fmadd(M a, M b, M c) {
 #endif
 }
 
+// Element loads and stores through the math type M. bf16 goes through its bits (a load is a shift;
+// a store rounds to nearest even and turns any NaN into 0x7FC0, c10::BFloat16's result) in
+// branch-free integer arithmetic on uint16 lanes: with c10's conversions, which branch on NaN,
+// every bf16 loop in this file ran scalar. fp16 keeps c10::Half's (scalar: GCC's vectorizer has
+// no lane form of F16C's conversions).
+template <typename M, typename T>
+FL_INLINE M load(const T* src, int64_t k) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return static_cast<M>(fusionlens::bf16_bits_to_float(reinterpret_cast<const uint16_t*>(src)[k]));
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    return static_cast<M>(c10::detail::fp16_ieee_to_fp32_value(reinterpret_cast<const uint16_t*>(src)[k]));
+  } else {
+    return static_cast<M>(src[k]);
+  }
+}
+
+// Stores x rounded to T at dst[k]; returns the stored value in M (what a load would give back).
+template <typename T, typename M>
+FL_INLINE M store(T* dst, int64_t k, M x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t bits = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded;
+    reinterpret_cast<uint16_t*>(dst)[k] = static_cast<uint16_t>(bits);
+    return static_cast<M>(fusionlens::bf16_bits_to_float(static_cast<uint16_t>(bits)));
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(static_cast<float>(x));
+    reinterpret_cast<uint16_t*>(dst)[k] = bits;
+    return static_cast<M>(c10::detail::fp16_ieee_to_fp32_value(bits));
+  } else {
+    const T t = static_cast<T>(x);
+    dst[k] = t;
+    return static_cast<M>(t);
+  }
+}
+
 // One chunk of torch.optim.AdamW's single-tensor step (vmax: AMSGrad's running max, AMSGRAD only).
-// AMSGRAD is a template parameter so the loop has no conditional store and vectorizes.
-template <typename T, typename M, bool AMSGRAD>
-void adamw_chunk(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s) {
+// AMSGRAD and LERP_LOW (which side torch.lerp starts from) are template parameters: a branch or a
+// select on a run-time flag in the loop kept the bf16 copies from vectorizing.
+template <typename T, typename M, bool AMSGRAD, bool LERP_LOW>
+__attribute__((optimize("fp-contract=off"))) void adamw_loop(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s) {
   const M sign = s.maximize ? M(-1) : M(1);
   const M decay = s.decay, w1 = s.w1, b2 = s.b2, w2 = s.w2, e = s.eps, ss = s.step_size, bc2s = s.bc2_sqrt;
-  const bool lerp_low = s.lerp_low;
 #pragma omp simd
   for (int64_t k = 0; k < len; ++k) {
-    const M gk = sign * static_cast<M>(g[k]);
-    const M pk = static_cast<M>(p[k]) * decay;
-    const M mk0 = static_cast<M>(m[k]);
+    const M gk = sign * load<M>(g, k);
+    const M pk = load<M>(p, k) * decay;
+    const M mk0 = load<M>(m, k);
     // torch.lerp's two-sided formula (exact at weight 0 and 1), as ATen's vectorized kernel
-    const M mk = lerp_low ? fmadd(w1, gk - mk0, mk0) : fmadd(w1 - M(1), gk - mk0, gk);
-    const M vk = fmadd(w2 * gk, gk, static_cast<M>(v[k]) * b2);
+    const M mk = LERP_LOW ? fmadd(w1, gk - mk0, mk0) : fmadd(w1 - M(1), gk - mk0, gk);
+    const M vk = fmadd(w2 * gk, gk, load<M>(v, k) * b2);
     M vd = vk;
     if constexpr (AMSGRAD) {
       // torch.maximum's NaN rule (a NaN on either side wins), as torch.optim.AdamW's loop: std::max
       // would keep the old max past a NaN moment, and the state dict would differ from torch's.
-      const M vm = static_cast<M>(vmax[k]);
-      vd = (vk > vm || vk != vk) ? vk : vm;
-      vmax[k] = static_cast<T>(vd);
+      const M vm = load<M>(vmax, k);
+      vd = ((vk > vm) | (vk != vk)) ? vk : vm;  // `|`, not `||`: no branch, so the loop vectorizes
+      store(vmax, k, vd);
     }
     const M denom = std::sqrt(vd) / bc2s + e;
-    p[k] = static_cast<T>(pk + ((-ss) * mk) / denom);
-    m[k] = static_cast<T>(mk);
-    v[k] = static_cast<T>(vk);
+    store(p, k, pk + ((-ss) * mk) / denom);
+    store(m, k, mk);
+    store(v, k, vk);
+  }
+}
+
+template <typename T, typename M, bool AMSGRAD>
+void adamw_chunk(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s) {
+  if (s.lerp_low) {
+    adamw_loop<T, M, AMSGRAD, true>(p, g, m, v, vmax, len, s);
+  } else {
+    adamw_loop<T, M, AMSGRAD, false>(p, g, m, v, vmax, len, s);
   }
 }
 
@@ -66,27 +116,24 @@ FL_INLINE M add_decay(M x, M hi, M lo, M p) {
 // update recomputed from the stored (rounded) m and v exactly as stage 2 does. Summed in fp64, in
 // the chunk as across chunks (caller): fp32 lanes over a 4K-element tensor put 3e-6 into a trust
 // ratio, which a large step (a tiny ||update||) carried to 8e-6 in the params (fuzz seed 700594,
-// torch.norm's cascade sum 7e-8). With the division by the clipping divisor and the hi + lo decay
-// the step costs 7% (4M fp32 params, 1 thread) to 28% (35.4M) more: docs/kernels.md.
-template <typename T, typename M>
+// torch.norm's cascade sum 7e-8). L2 is a template parameter: a run-time mode test in the loop
+// kept GCC from vectorizing it at all (2.3-5x slower steps until 2026-12-03; docs/kernels.md).
+template <typename T, typename M, bool L2>
 void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2,
                  double* sum_p, double* sum_u) {
   const M clip = s.clip, b1 = s.b1, b2 = s.b2, b3 = s.b3, w2 = s.w2, e = s.eps;
   const M hi = s.wd_hi, lo = s.wd_lo;
-  const bool l2_mode = s.l2_mode;
   double sp = 0, su = 0;
 #pragma omp simd reduction(+ : sp, su)
   for (int64_t k = 0; k < len; ++k) {
-    const M pk = static_cast<M>(p[k]);
-    const M gc = static_cast<M>(g[k]) / clip;  // a division, as eager's: bit-equal clipped grads
-    const M gk = l2_mode ? add_decay(gc, hi, lo, pk) : gc;
-    const M mk = b1 * static_cast<M>(m[k]) + b3 * gk;
-    const M vk = b2 * static_cast<M>(v[k]) + w2 * gk * gk;
-    const T mt = static_cast<T>(mk), vt = static_cast<T>(vk);
-    m[k] = mt;
-    v[k] = vt;
-    const M r = (static_cast<M>(mt) * ib1) / (std::sqrt(static_cast<M>(vt) * ib2) + e);
-    const M u = l2_mode ? r : add_decay(r, hi, lo, pk);
+    const M pk = load<M>(p, k);
+    const M gc = load<M>(g, k) / clip;  // a division, as eager's: bit-equal clipped grads
+    const M gk = L2 ? add_decay(gc, hi, lo, pk) : gc;
+    const M mk = b1 * load<M>(m, k) + b3 * gk;
+    const M vk = b2 * load<M>(v, k) + w2 * gk * gk;
+    const M mt = store(m, k, mk), vt = store(v, k, vk);  // as stored (rounded to T)
+    const M r = (mt * ib1) / (std::sqrt(vt * ib2) + e);
+    const M u = L2 ? r : add_decay(r, hi, lo, pk);
     sp += static_cast<double>(pk) * static_cast<double>(pk);
     su += static_cast<double>(u) * static_cast<double>(u);
   }
@@ -95,16 +142,15 @@ void lamb_stage1(const T* p, const T* g, T* m, T* v, int64_t len, const LambScal
 }
 
 // LAMB stage 2 on one chunk: recompute the update from m, v, p and apply p -= step_lr * update.
-template <typename T, typename M>
+template <typename T, typename M, bool L2>
 void lamb_stage2(T* p, const T* m, const T* v, int64_t len, const LambScalars<M>& s, M ib1, M ib2, M step_lr) {
   const M e = s.eps, hi = s.wd_hi, lo = s.wd_lo;
-  const bool l2_mode = s.l2_mode;
 #pragma omp simd
   for (int64_t k = 0; k < len; ++k) {
-    const M pk = static_cast<M>(p[k]);
-    const M r = (static_cast<M>(m[k]) * ib1) / (std::sqrt(static_cast<M>(v[k]) * ib2) + e);
-    const M u = l2_mode ? r : add_decay(r, hi, lo, pk);
-    p[k] = static_cast<T>(pk - step_lr * u);
+    const M pk = load<M>(p, k);
+    const M r = (load<M>(m, k) * ib1) / (std::sqrt(load<M>(v, k) * ib2) + e);
+    const M u = L2 ? r : add_decay(r, hi, lo, pk);
+    store(p, k, pk - step_lr * u);
   }
 }
 
@@ -114,7 +160,7 @@ double sumsq_chunk(const T* x, int64_t len) {
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int64_t k = 0; k < len; ++k) {
-    const double xk = static_cast<double>(static_cast<M>(x[k]));
+    const double xk = static_cast<double>(load<M>(x, k));
     s += xk * xk;
   }
   return s;
@@ -123,6 +169,6 @@ double sumsq_chunk(const T* x, int64_t len) {
 template <typename T>
 ChunkOps<T> chunk_ops() {
   using M = opmath_t<T>;
-  return {&adamw_chunk<T, M, false>, &adamw_chunk<T, M, true>, &lamb_stage1<T, M>, &lamb_stage2<T, M>,
-          &sumsq_chunk<T, M>};
+  return {&adamw_chunk<T, M, false>, &adamw_chunk<T, M, true>, {&lamb_stage1<T, M, false>, &lamb_stage1<T, M, true>},
+          {&lamb_stage2<T, M, false>, &lamb_stage2<T, M, true>}, &sumsq_chunk<T, M>};
 }
