@@ -103,8 +103,8 @@ def _variant_cases(shapes) -> list[dict]:
                  "aten": torch.optim.AdamW(_make(shapes, grads), fused=True, **hp, **extra),
                  "ours": AdamW(_make(shapes, grads), provider="cpu", **hp, **extra)}
         per_param = (7 + (2 if extra else 0)) * width  # read g, p, m, v (+vmax); write p, m, v (+vmax)
-        out.append(dict(kernel="adamw_step", **{"pass": "step"}, shape=shape, dtype=dtype,
-                        variants={k: o.step for k, o in adamw.items()}, baseline="naive", compile=None,
+        out.append(dict(kernel="adamw_step", **{"pass": "step"}, shape=shape + (", amsgrad" if extra else ""),
+                        dtype=dtype, variants={k: o.step for k, o in adamw.items()}, baseline="naive", compile=None,
                         bytes=float(per_param) * n, notes=f"GPT-2-small-shaped, {tag}"))
     lamb = {"naive": LAMB(_make(shapes, grads16), provider="reference", **hp).step,
             "ours": LAMB(_make(shapes, grads16), provider="cpu", **hp).step}
