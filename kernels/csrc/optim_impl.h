@@ -24,11 +24,11 @@ FL_INLINE M fmadd(M a, M b, M c) {
 #endif
 }
 
-// Element loads and stores through the math type M. bf16 goes through its bits (a load is a shift;
-// a store rounds to nearest even and turns any NaN into 0x7FC0, c10::BFloat16's result) in
-// branch-free integer arithmetic on uint16 lanes: with c10's conversions, which branch on NaN,
-// every bf16 loop in this file ran scalar. fp16 keeps c10::Half's (scalar: GCC's vectorizer has
-// no lane form of F16C's conversions).
+// Element loads and stores through the math type M, on the 16-bit types' uint16 bits: through
+// c10::BFloat16 / c10::Half themselves (a NaN branch, a struct store) every 16-bit loop in this
+// file ran scalar. bf16: a load is a shift; a store rounds to nearest even in branch-free integer
+// arithmetic and turns any NaN into 0x7FC0, c10::BFloat16's result. fp16: c10's own bit routines
+// (the ones c10::Half calls without F16C), vectorized by GCC in the AVX-512 copy only.
 template <typename M, typename T>
 FL_INLINE M load(const T* src, int64_t k) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -65,7 +65,8 @@ FL_INLINE M store(T* dst, int64_t k, M x) {
 // AMSGRAD and LERP_LOW (which side torch.lerp starts from) are template parameters: a branch or a
 // select on a run-time flag in the loop kept the bf16 copies from vectorizing.
 template <typename T, typename M, bool AMSGRAD, bool LERP_LOW>
-__attribute__((optimize("fp-contract=off"))) void adamw_loop(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s) {
+__attribute__((optimize("fp-contract=off")))  // no implicit FMAs: ATen's roundings (file comment)
+void adamw_loop(T* p, const T* g, T* m, T* v, T* vmax, int64_t len, const AdamScalars<M>& s) {
   const M sign = s.maximize ? M(-1) : M(1);
   const M decay = s.decay, w1 = s.w1, b2 = s.b2, w2 = s.w2, e = s.eps, ss = s.step_size, bc2s = s.bc2_sqrt;
 #pragma omp simd
