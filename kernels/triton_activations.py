@@ -41,21 +41,35 @@ def _act(x, KIND: tl.constexpr):
 
 
 @triton.jit
+def _sigmoid_pair(z):
+    """(sigmoid(z), 1 - sigmoid(z)), neither as a difference: with e = exp(-|z|) the larger is
+    1 / (1 + e) and the smaller e / (1 + e). 1 - s taken as a difference is 0 or 2^-24 wherever s
+    rounds near 1, a one-signed error that row sums (a bias gradient) keep (docs/kernels.md)."""
+    e = tl.exp(-tl.abs(z))
+    big = 1.0 / (1.0 + e)
+    small = e * big
+    return tl.where(z >= 0, big, small), tl.where(z >= 0, small, big)
+
+
+@triton.jit
 def _act_grad(x, KIND: tl.constexpr):
     """(act(x), act'(x))."""
     if KIND == 0:
-        s = 1.0 / (1.0 + tl.exp(-x))
+        s, sc = _sigmoid_pair(x)
         y = x * s
-        dy = s * (1.0 + x * (1.0 - s))
+        dy = s * (1.0 + x * sc)
     elif KIND == 1:
         cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
         y = x * cdf
         dy = cdf + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)
     else:
+        # 0.5 (1 + tanh(u)) = sigmoid(2u) and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u): no cancellation
         x2 = x * x
-        t = _tanh(0.7978845608028654 * (x + 0.044715 * x2 * x))
-        y = 0.5 * x * (1.0 + t)
-        dy = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x2)
+        u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
+        t = _tanh(u)
+        y = 0.5 * x * (1.0 + t)  # as the forward (_act) computes it
+        s, sc = _sigmoid_pair(2.0 * u)
+        dy = s + 2.0 * x * s * sc * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x2)
     return y, dy
 
 
