@@ -2,7 +2,7 @@
 
 A run-time flag tested inside an `omp simd` loop, or c10's 16-bit conversions (a NaN branch, a
 struct store), each made GCC leave a whole loop scalar without a word: LAMB's stage 1 in every
-dtype, every bf16 loop and AMSGrad ran 2.3-5.5x slower for weeks while every numeric test passed
+dtype, every bf16 loop and AMSGrad ran 2.3-5.5x slower while every numeric test passed
 (docs/kernels.md). This reads the built extension's machine code (objdump, from the binutils that
 the C++ build needs anyway) and checks each loop function for packed arithmetic at the copy's
 full width. fp16 in the AVX2 copy stays scalar (no F16C lane form GCC's vectorizer emits).
