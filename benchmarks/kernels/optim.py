@@ -85,16 +85,20 @@ def cases(threads: int) -> list[dict]:
     return _cases(shapes, "cpu", "cpu") + _variant_cases(shapes)
 
 
+def _setup(shapes, device: str) -> tuple[int, list[torch.Tensor], dict, str]:
+    """(param count, fp32 grads on device, hyperparameters, shape label) every case shares."""
+    n = sum(math.prod(s) for s in shapes)
+    g = torch.Generator().manual_seed(1)
+    grads = [(1e-3 * torch.randn(s, generator=g)).to(device) for s in shapes]
+    return n, grads, dict(lr=1e-4, weight_decay=0.01), f"{len(shapes)} tensors, {n / 1e6:.1f}M params"
+
+
 def _variant_cases(shapes) -> list[dict]:
     """bf16 params (AdamW, LAMB) and fp32 AMSGrad on the CPU: each of these ran a scalar loop in
     every ISA copy until 2026-12-03 (2.4-5.5x slower; docs/kernels.md), unseen while the bench
     timed fp32 without AMSGrad only."""
-    n = sum(math.prod(s) for s in shapes)
-    g = torch.Generator().manual_seed(1)
-    grads32 = [1e-3 * torch.randn(s, generator=g) for s in shapes]
+    n, grads32, hp, shape = _setup(shapes, "cpu")
     grads16 = [x.to(torch.bfloat16) for x in grads32]
-    hp = dict(lr=1e-4, weight_decay=0.01)
-    shape = f"{len(shapes)} tensors, {n / 1e6:.1f}M params"
     out = []
     for dtype, grads, extra, tag in (("bfloat16", grads16, {}, "bf16 params and states"),
                                      ("float32", grads32, {"amsgrad": True}, "amsgrad=True")):
@@ -147,10 +151,7 @@ def gpu_checks(device: str = "cuda") -> list[tuple[str, object]]:
 
 
 def _cases(shapes, device: str, provider: str) -> list[dict]:
-    n = sum(math.prod(s) for s in shapes)
-    g = torch.Generator().manual_seed(1)
-    grads = [(1e-3 * torch.randn(s, generator=g)).to(device) for s in shapes]
-    hp = dict(lr=1e-4, weight_decay=0.01)
+    n, grads, hp, shape = _setup(shapes, device)
     adamw = {
         "naive": torch.optim.AdamW(_make(shapes, grads), foreach=False, **hp),
         "foreach": torch.optim.AdamW(_make(shapes, grads), foreach=True, **hp),
@@ -167,7 +168,6 @@ def _cases(shapes, device: str, provider: str) -> list[dict]:
         "foreach": _foreach_lamb(_make(shapes, grads), **hp),
         "ours": LAMB(_make(shapes, grads), provider=provider, **hp).step,
     }
-    shape = f"{len(shapes)} tensors, {n / 1e6:.1f}M params"
     return [
         dict(kernel="adamw_step", **{"pass": "step"}, shape=shape, dtype="float32",
              variants={k: o.step for k, o in adamw.items()}, baseline="naive",

@@ -45,12 +45,23 @@ FL_INLINE float bf16_bits_to_float(uint16_t h) {
   return f;
 }
 
+// The round-to-nearest-even bf16 bits of a non-NaN float's bits u, and whether u is a NaN: the two
+// conversions below differ only in the NaN they return.
+FL_INLINE uint32_t bf16_rne_bits(uint32_t u) { return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; }
+FL_INLINE bool nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+// A NaN keeps its sign and payload (quieted).
 FL_INLINE uint16_t float_to_bf16_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+  return static_cast<uint16_t>(nan_bits(u) ? ((u >> 16) | 0x40u) : bf16_rne_bits(u));
+}
+
+// c10::BFloat16's result bit for bit: any NaN becomes 0x7FC0 (state dicts compare equal to torch's).
+FL_INLINE uint16_t float_to_bf16_bits_c10(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return static_cast<uint16_t>(nan_bits(u) ? 0x7fc0u : bf16_rne_bits(u));
 }
 
 // Instruction set of kernels compiled once per ISA with `#pragma GCC target` (per_isa.h; every

@@ -27,8 +27,8 @@ FL_INLINE M fmadd(M a, M b, M c) {
 // Element loads and stores through the math type M, on the 16-bit types' uint16 bits: through
 // c10::BFloat16 / c10::Half themselves (a NaN branch, a struct store) every 16-bit loop in this
 // file ran scalar. bf16: a load is a shift; a store rounds to nearest even in branch-free integer
-// arithmetic and turns any NaN into 0x7FC0, c10::BFloat16's result. fp16: c10's own bit routines
-// (the ones c10::Half calls without F16C), vectorized by GCC in the AVX-512 copy only.
+// arithmetic with c10::BFloat16's result (common.h float_to_bf16_bits_c10). fp16: c10's own bit
+// routines (the ones c10::Half calls without F16C), vectorized by GCC in the AVX-512 copy only.
 template <typename M, typename T>
 FL_INLINE M load(const T* src, int64_t k) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -44,12 +44,9 @@ FL_INLINE M load(const T* src, int64_t k) {
 template <typename T, typename M>
 FL_INLINE M store(T* dst, int64_t k, M x) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    uint32_t u;
-    std::memcpy(&u, &x, sizeof(u));
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t bits = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded;
-    reinterpret_cast<uint16_t*>(dst)[k] = static_cast<uint16_t>(bits);
-    return static_cast<M>(fusionlens::bf16_bits_to_float(static_cast<uint16_t>(bits)));
+    const uint16_t bits = fusionlens::float_to_bf16_bits_c10(static_cast<float>(x));
+    reinterpret_cast<uint16_t*>(dst)[k] = bits;
+    return static_cast<M>(fusionlens::bf16_bits_to_float(bits));
   } else if constexpr (std::is_same_v<T, c10::Half>) {
     const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(static_cast<float>(x));
     reinterpret_cast<uint16_t*>(dst)[k] = bits;
