@@ -64,6 +64,44 @@ FL_INLINE uint16_t float_to_bf16_bits_c10(float f) {
   return static_cast<uint16_t>(nan_bits(u) ? 0x7fc0u : bf16_rne_bits(u));
 }
 
+// fp16 <-> float as c10's bit routines (c10::detail::fp16_ieee_*, which c10::Half uses without
+// F16C), bit for bit over every input (checked exhaustively: all 2^16 halves, all 2^32 floats;
+// NaN -> sign | 0x7E00), with their two branches written as mask selects: c10's own versions
+// leave any loop that calls them scalar in the AVX2 copies ("control flow in loop").
+FL_INLINE float float_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+FL_INLINE uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+FL_INLINE float fp16_bits_to_float(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t two_w = w + w;  // exponent and mantissa at the top
+  // Normal (and Inf/NaN): exponent rebiased by 0xE0, then scaled by 2^-112.
+  const uint32_t normal = float_bits(float_from_bits((two_w >> 4) + (0xE0u << 23)) * float_from_bits(15u << 23));
+  // Subnormal (and zero): the mantissa under exponent 126, minus 0.5.
+  const uint32_t subnormal = float_bits(float_from_bits((two_w >> 17) | (126u << 23)) - 0.5f);
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(two_w < (1u << 27));
+  return float_from_bits((w & 0x80000000u) | (subnormal & is_sub) | (normal & ~is_sub));
+}
+
+FL_INLINE uint16_t float_to_fp16_bits_c10(float f) {
+  // Round to nearest even by adding a power of two that puts the fp16 ulp at the float's lsb.
+  const float base = (std::fabs(f) * float_from_bits(239u << 23)) * float_from_bits(17u << 23);
+  const uint32_t w = float_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t bias = std::max(shl1_w & 0xFF000000u, 0x71000000u);
+  const uint32_t bits = float_bits(float_from_bits((bias >> 1) + 0x07800000u) + base);
+  const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(shl1_w > 0xFF000000u);
+  return static_cast<uint16_t>(((w & 0x80000000u) >> 16) | (0x7E00u & is_nan) | (nonsign & ~is_nan));
+}
+
 // Instruction set of kernels compiled once per ISA with `#pragma GCC target` (per_isa.h; every
 // family in csrc/): the best this x86-64 CPU runs, lowered by FUSIONLENS_CPU_ISA=avx512|avx2|base
 // (read per call, so tests can run every copy); never above what the CPU has.
