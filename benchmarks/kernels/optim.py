@@ -115,7 +115,25 @@ def _variant_cases(shapes) -> list[dict]:
     out.append(dict(kernel="lamb_step", **{"pass": "step"}, shape=shape, dtype="bfloat16",
                     variants=lamb, baseline="naive", compile=None, bytes=22.0 * n,
                     notes="apex FusedLAMB semantics, max_grad_norm=1, bf16 params and states"))
-    return out
+    return out + _small_tensor_cases()
+
+
+def _small_tensor_cases(count: int = 1024, size: int = 768) -> list[dict]:
+    """Many small fp32 tensors (a deep model's norm weights and biases): the per-tensor Python
+    cost of gathering a step (state lookup, layout checks) against fused=True's own."""
+    shapes = [(size,)] * count
+    n, grads, hp, shape = _setup(shapes, "cpu")
+    adamw = {"naive": torch.optim.AdamW(_make(shapes, grads), foreach=False, **hp),
+             "aten": torch.optim.AdamW(_make(shapes, grads), fused=True, **hp),
+             "ours": AdamW(_make(shapes, grads), provider="cpu", **hp)}
+    lamb = {"naive": LAMB(_make(shapes, grads), provider="reference", **hp).step,
+            "ours": LAMB(_make(shapes, grads), provider="cpu", **hp).step}
+    note = f"{count} tensors of {size}: per-tensor overhead"
+    return [dict(kernel="adamw_step", **{"pass": "step"}, shape=shape, dtype="float32",
+                 variants={k: o.step for k, o in adamw.items()}, baseline="naive", compile=None,
+                 bytes=28.0 * n, notes=note),
+            dict(kernel="lamb_step", **{"pass": "step"}, shape=shape, dtype="float32", variants=lamb,
+                 baseline="naive", compile=None, bytes=44.0 * n, notes=note)]
 
 
 def gpu_cases(device: str = "cuda") -> list[dict]:
