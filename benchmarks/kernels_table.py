@@ -3,9 +3,10 @@
 The README's kernel table is this script's output for one run (one window of dates), so every
 row in it comes from the same machine, hour and protocol. Per case (kernel, shape label) and
 thread count: ours' p50 (p20-p80) in ms, then the per-round ratios other / ours (> 1: ours
-faster) against each baseline the case timed, and ours' bytes moved per second as a share of the
-copy bandwidth measured at the start of the run. At 1 thread times and ratios are CPU time (what
-the README quotes; less sensitive to the shared machine's steal); above it, wall time.
+faster) against each baseline the case timed, and ours' bytes moved per second (the case's
+algorithmic bytes over ours' p50 wall time). The run's memory ceilings (copy, and triad since
+2026-12-03) are printed above the table. At 1 thread times and ratios are CPU time (what the
+README quotes; less sensitive to the shared machine's steal); above it, wall time.
 
     .venv/bin/python benchmarks/kernels_table.py --since 2026-12-03T17:19 [--until ...] [--threads 1]
 """
@@ -49,8 +50,8 @@ def summarize(df: pd.DataFrame, threads: int = 1) -> pd.DataFrame:
     where a case was timed twice in the window."""
     time_metric, ratio_metric = ("cpu_time", "speedup_cpu") if threads == 1 else ("wall_time", "speedup_wall")
     run = df[df["threads"] == threads]
-    copy = run[(run["benchmark"] == "copy") & (run["metric"] == "bandwidth")]
-    copy_bw = float(copy["p50"].iloc[-1]) if len(copy) else float("nan")
+    ceilings = run[(run["benchmark"] == "copy") & (run["metric"] == "bandwidth")]
+    ceilings = ceilings[ceilings["date"] == ceilings["date"].max()]  # the run's last measurement
     cases = run[(run["benchmark"] != "copy") & (run["variant"] == "ours") & (run["metric"] == time_metric)]
     rows = []
     for (kernel, shape), _ in cases.groupby(["benchmark", "shape"], sort=False):
@@ -67,10 +68,10 @@ def summarize(df: pd.DataFrame, threads: int = 1) -> pd.DataFrame:
         for variant, title in BASELINES:
             ratio = last(f"ours_vs_{variant}", ratio_metric)
             row[title] = _fmt(float(ratio["p50"])) if ratio is not None else "-"
-        row["% copy bw"] = _fmt(100 * float(bw["p50"]) / copy_bw) if bw is not None else "-"
+        row["ours GB/s"] = _fmt(float(bw["p50"])) if bw is not None else "-"
         rows.append(row)
     out = pd.DataFrame(rows)
-    out.attrs["copy_bw"] = copy_bw
+    out.attrs["ceilings"] = dict(zip(ceilings["variant"], ceilings["p50"].astype(float)))
     return out
 
 
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if table.empty:
         print(f"kernels_table: no rows at {args.threads} thread(s) in that window", file=sys.stderr)
         return 1
-    print(f"copy bandwidth at {args.threads} thread(s): {table.attrs['copy_bw']:.3g} GB/s")
+    ceilings = ", ".join(f"{name} {v:.3g}" for name, v in table.attrs["ceilings"].items()) or "not measured"
+    print(f"memory bandwidth at {args.threads} thread(s), GB/s: {ceilings}")
     print(to_markdown(table))
     return 0
 

@@ -38,36 +38,7 @@ namespace fusionlens {
 #define FL_INLINE inline
 #endif
 
-FL_INLINE float bf16_bits_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// The round-to-nearest-even bf16 bits of a non-NaN float's bits u, and whether u is a NaN: the two
-// conversions below differ only in the NaN they return.
-FL_INLINE uint32_t bf16_rne_bits(uint32_t u) { return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; }
-FL_INLINE bool nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
-
-// A NaN keeps its sign and payload (quieted).
-FL_INLINE uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return static_cast<uint16_t>(nan_bits(u) ? ((u >> 16) | 0x40u) : bf16_rne_bits(u));
-}
-
-// c10::BFloat16's result bit for bit: any NaN becomes 0x7FC0 (state dicts compare equal to torch's).
-FL_INLINE uint16_t float_to_bf16_bits_c10(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return static_cast<uint16_t>(nan_bits(u) ? 0x7fc0u : bf16_rne_bits(u));
-}
-
-// fp16 <-> float as c10's bit routines (c10::detail::fp16_ieee_*, which c10::Half uses without
-// F16C), bit for bit over every input (checked exhaustively: all 2^16 halves, all 2^32 floats;
-// NaN -> sign | 0x7E00), with their two branches written as mask selects: c10's own versions
-// leave any loop that calls them scalar in the AVX2 copies ("control flow in loop").
+// A float's bits and back (memcpy: no aliasing UB; compiles to nothing or a register move).
 FL_INLINE float float_from_bits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
@@ -79,6 +50,29 @@ FL_INLINE uint32_t float_bits(float f) {
   return u;
 }
 
+FL_INLINE float bf16_bits_to_float(uint16_t h) { return float_from_bits(static_cast<uint32_t>(h) << 16); }
+
+// The round-to-nearest-even bf16 bits of a non-NaN float's bits u, and whether u is a NaN: the two
+// conversions below differ only in the NaN they return.
+FL_INLINE uint32_t bf16_rne_bits(uint32_t u) { return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; }
+FL_INLINE bool nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+// A NaN keeps its sign and payload (quieted).
+FL_INLINE uint16_t float_to_bf16_bits(float f) {
+  const uint32_t u = float_bits(f);
+  return static_cast<uint16_t>(nan_bits(u) ? ((u >> 16) | 0x40u) : bf16_rne_bits(u));
+}
+
+// c10::BFloat16's result bit for bit: any NaN becomes 0x7FC0 (state dicts compare equal to torch's).
+FL_INLINE uint16_t float_to_bf16_bits_c10(float f) {
+  const uint32_t u = float_bits(f);
+  return static_cast<uint16_t>(nan_bits(u) ? 0x7fc0u : bf16_rne_bits(u));
+}
+
+// fp16 <-> float as c10's bit routines (c10::detail::fp16_ieee_*, which c10::Half uses without
+// F16C), bit for bit over every input (checked exhaustively: all 2^16 halves, all 2^32 floats;
+// NaN -> sign | 0x7E00), with their two branches written as mask selects: c10's own versions
+// leave any loop that calls them scalar in the AVX2 copies ("control flow in loop").
 FL_INLINE float fp16_bits_to_float(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t two_w = w + w;  // exponent and mantissa at the top
