@@ -62,7 +62,7 @@ FL_INLINE float erf_abs_scaled(float x) {
 // numerator's select is b ^ ((a ^ b) & mask) on an arithmetic-shift mask (one AVX-512 ternlog).
 FL_INLINE float sigmoid(float z) {
   const uint32_t zb = bits_of(z);
-  const float e = fusionlens::exp_nonpos(float_of(zb | 0x80000000u));
+  const float e = fusionlens::exp_nonpos<FL_ISA>(float_of(zb | 0x80000000u));
   const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(zb) >> 31);
   return float_of(kOneBits ^ ((bits_of(e) ^ kOneBits) & neg)) / (1.0f + e);
 }
@@ -99,7 +99,7 @@ FL_INLINE void act_and_grad(float x, float& y, float& dy) {
   } else if constexpr (K == kGeluErf) {
     const float cdf = 0.5f + 0.5f * std::copysign(erf_abs_scaled(x), x);
     y = x * cdf;
-    dy = cdf + x * kInvSqrt2Pi * fusionlens::exp_nonpos(-0.5f * x * x);
+    dy = cdf + x * kInvSqrt2Pi * fusionlens::exp_nonpos<FL_ISA>(-0.5f * x * x);
   } else {
     // d/dx x s(2u) = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
     // 1 - s is sigmoid(-2u) (the same exp, the other numerator): computed as 1 - s it was 0 or

@@ -224,8 +224,13 @@ constexpr int64_t kTile = 1024;
 // Two forms chosen by measurement (benchmarks/kernels/flags_ab.py; -ffast-math used to find
 // cheaper ones, these are IEEE-exact rewrites of what it found): n = round(x / ln2) by the
 // 1.5 * 2^23 shifter (one add and one subtract; the integer n sits in the sum's low bits) instead
-// of float -> int -> float conversions, and the clamp as an integer ?: so that GCC can drop it and
-// zero-mask the underflowing lanes (about 8% faster softmax rows, 12% GELU-tanh at AVX-512).
+// of float -> int -> float conversions, and (ISA >= 512, the per-ISA copies pass FL_ISA) the clamp
+// as an integer ?: so that GCC can drop it and zero-mask the underflowing lanes (about 8% faster
+// softmax rows, 12% GELU-tanh at AVX-512). Below AVX-512 that ?: is "control flow in loop" to GCC's
+// vectorizer (no mask registers to if-convert it into), which left every exp loop of the AVX2 copy
+// scalar (SiLU, GELU-tanh, the gated units, softmax, cross-entropy: ~12x slower, found
+// 2026-12-03), so there the clamp is an and/or mask select.
+template <int ISA = 0>
 FL_INLINE float exp_nonpos(float x_in) {
   uint32_t b;
   std::memcpy(&b, &x_in, 4);
@@ -233,7 +238,12 @@ FL_INLINE float exp_nonpos(float x_in) {
   // (0xc2ae0000, 0xff800000]; a negative NaN is above, +0, positives and positive NaN below.
   const uint32_t under = static_cast<uint32_t>(b > 0xc2ae0000u) & static_cast<uint32_t>(b <= 0xff800000u);
   const uint32_t keep = under - 1u;  // all ones unless the result underflows to 0
-  const uint32_t bc = under ? 0xc2ae0000u : b;  // clamped to -87 (the value is masked off below)
+  uint32_t bc;  // clamped to -87 (the value is masked off below)
+  if constexpr (ISA >= 512) {
+    bc = under ? 0xc2ae0000u : b;
+  } else {
+    bc = (0xc2ae0000u & (0u - under)) | (b & keep);
+  }
   float x;
   std::memcpy(&x, &bc, 4);
   // t = x / ln2 + 1.5 * 2^23 rounds x / ln2 to the nearest integer n (|n| <= 126 sits in t's low

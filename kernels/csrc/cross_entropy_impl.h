@@ -55,7 +55,7 @@ inline void row_max_sum(const float* x, int64_t n, float* max_out, float* sum_ou
 __attribute__((flatten)) inline float row_exp_sum(const float* __restrict x, int64_t n, float m) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < n; ++j) s += fusionlens::exp_nonpos(x[j] - m);
+  for (int64_t j = 0; j < n; ++j) s += fusionlens::exp_nonpos<FL_ISA>(x[j] - m);
   return s;
 }
 
@@ -88,8 +88,8 @@ __attribute__((flatten)) inline void row_grad(const float* x, float* out, int64_
   const float gs = g * std::exp(-log_sum);
   const float xt = x[t];
 #pragma omp simd
-  for (int64_t j = 0; j < V; ++j) out[j] = gs * fusionlens::exp_nonpos(x[j] - m) - smooth;
-  out[t] = gs * fusionlens::exp_nonpos(xt - m) - smooth - g * (1.0f - eps);
+  for (int64_t j = 0; j < V; ++j) out[j] = gs * fusionlens::exp_nonpos<FL_ISA>(x[j] - m) - smooth;
+  out[t] = gs * fusionlens::exp_nonpos<FL_ISA>(xt - m) - smooth - g * (1.0f - eps);
 }
 
 // The three row operations on rows of T (`buf`, `buf2`: V floats each, unused for float).

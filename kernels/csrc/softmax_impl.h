@@ -31,14 +31,14 @@ inline float exp_sum(const float* x, float* s, const float* __restrict mr, int64
   if (mr != nullptr) {
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; ++j) {
-      float v = fusionlens::exp_nonpos(x[j] * sc + mr[j] - m);
+      float v = fusionlens::exp_nonpos<FL_ISA>(x[j] * sc + mr[j] - m);
       s[j] = v;
       sum += v;
     }
   } else {
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; ++j) {
-      float v = fusionlens::exp_nonpos(x[j] * sc - m);
+      float v = fusionlens::exp_nonpos<FL_ISA>(x[j] * sc - m);
       s[j] = v;
       sum += v;
     }
