@@ -228,7 +228,7 @@ constexpr int64_t kTile = 1024;
 // as an integer ?: so that GCC can drop it and zero-mask the underflowing lanes (about 8% faster
 // softmax rows, 12% GELU-tanh at AVX-512). Below AVX-512 that ?: is "control flow in loop" to GCC's
 // vectorizer (no mask registers to if-convert it into), which left every exp loop of the AVX2 copy
-// scalar (SiLU, GELU-tanh, the gated units, softmax, cross-entropy: ~12x slower, found
+// scalar (SiLU, GELU-tanh, the gated units, softmax, cross-entropy: 3-8x slower, found
 // 2026-12-03), so there the clamp is an and/or mask select.
 template <int ISA = 0>
 FL_INLINE float exp_nonpos(float x_in) {
