@@ -12,12 +12,14 @@ Every FusionLens benchmark uses this so numbers compare across runs and machines
 - p20 / p50 / p80 of each;
 - machine facts recorded with every row: CPU model, threads, load average, allocator setting.
 
-Rows are appended to `benchmarks/results/<file>.csv` with the columns in `CSV_COLUMNS`.
+Rows are appended to `benchmarks/results/<file>.csv` with the columns in `CSV_COLUMNS`; past 4 MiB
+a file's rows move into `<file>_archive.csv.gz` (`rotate`, `read_results` reads both).
 """
 from __future__ import annotations
 
 import csv
 import datetime as _dt
+import gzip
 import os
 import platform
 import random
@@ -135,11 +137,46 @@ def interleave(variants: Mapping[str, Callable[[], object]], rounds: int = 7, in
     return timing
 
 
+# A results CSV over this size moves its rows into <stem>_archive.csv.gz before the next append,
+# so the files kept in git stay small (the archive compresses ~10x); readers take both.
+ROTATE_BYTES = 4 * 2**20
+
+
+def archive_path(path: Path) -> Path:
+    """Where rotate() keeps a results CSV's older rows (gzip, one member per rotation)."""
+    return path.with_name(f"{path.stem}_archive.csv.gz")
+
+
+def rotate(path: Path, limit: int = ROTATE_BYTES) -> bool:
+    """Move path's rows into its gzip archive when path is larger than limit; True if it did.
+    The archive keeps one header (its first member's); later members are rows only."""
+    if not path.exists() or path.stat().st_size <= limit:
+        return False
+    archive = archive_path(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    body = lines if not archive.exists() else lines[1:]
+    with gzip.open(archive, "ab") as gz:
+        gz.writelines(body)
+    path.unlink()
+    return True
+
+
+def read_results(path: Path):
+    """A results CSV with its archived rows first, as one DataFrame (pandas imported here only)."""
+    import pandas as pd
+
+    parts = [pd.read_csv(p) for p in (archive_path(path), path) if p.exists()]
+    if not parts:
+        raise FileNotFoundError(f"no {path.name} (nor its archive) in {path.parent}")
+    return pd.concat(parts, ignore_index=True)
+
+
 def append_rows(filename: str, rows: Iterable[Mapping[str, object]]) -> Path:
     """Append rows (dicts with CSV_COLUMNS keys; date/machine filled in) to results/<filename>
-    (or to `filename` itself when it is an absolute path)."""
+    (or to `filename` itself when it is an absolute path), rotating it first when it is large."""
     path = RESULTS / filename
     path.parent.mkdir(parents=True, exist_ok=True)
+    rotate(path)
     new = not path.exists()
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     mach = machine()

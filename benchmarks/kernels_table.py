@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.harness import read_results  # noqa: E402
+
 CSV = Path(__file__).resolve().parent / "results" / "kernels.csv"
 # baselines in the order the table shows them: (variant name in the CSV, column title)
 BASELINES = (("naive", "vs naive"), ("foreach", "vs foreach"), ("aten", "vs ATen"),
@@ -27,8 +30,9 @@ THREADS = re.compile(r"torch_threads=(\d+)")
 
 
 def load(path: Path = CSV) -> pd.DataFrame:
-    """kernels.csv with a `threads` column parsed from the machine field."""
-    df = pd.read_csv(path)
+    """kernels.csv and its archive (older rows, harness.rotate) with a `threads` column parsed
+    from the machine field."""
+    df = read_results(path)
     df["threads"] = df["machine"].str.extract(THREADS, expand=False).astype("Int64")
     return df
 

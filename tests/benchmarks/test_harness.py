@@ -39,3 +39,32 @@ def test_settle_opens_each_turn_with_untimed_calls() -> None:
     expected = [n for o in round_orders(["a", "b"], 3) for n in o for _ in range(3)]  # 1 settle + 2 timed
     assert calls == expected
     assert stamps[2:4] == [1, 3]  # (after 2 warm-up syncs) synced after the settle call, then the timed block
+
+
+def test_a_large_results_file_moves_into_its_gzip_archive_and_reads_back_whole(tmp_path) -> None:
+    import gzip
+
+    from benchmarks.harness import CSV_COLUMNS, append_rows, archive_path, read_results, rotate
+
+    path = tmp_path / "k.csv"
+    row = {"benchmark": "b", "variant": "v", "shape": "s", "metric": "m", "p20": 1.0, "p50": 2.0, "p80": 3.0}
+    append_rows(str(path), [dict(row, variant=f"a{i}") for i in range(3)])
+    assert not rotate(path, limit=10**6)  # small: stays
+    assert rotate(path, limit=10) and not path.exists()
+    append_rows(str(path), [dict(row, variant="b0")])
+    assert rotate(path, limit=10)  # the second rotation appends rows only, no second header
+    append_rows(str(path), [dict(row, variant="c0")])
+    text = gzip.open(archive_path(path), "rt").read().splitlines()
+    assert text[0] == ",".join(CSV_COLUMNS) and sum(line.startswith("date,") for line in text) == 1
+    df = read_results(path)
+    assert list(df["variant"]) == ["a0", "a1", "a2", "b0", "c0"]
+    assert list(df.columns) == list(CSV_COLUMNS)
+
+
+def test_read_results_of_a_missing_file_is_one_clear_error(tmp_path) -> None:
+    import pytest
+
+    from benchmarks.harness import read_results
+
+    with pytest.raises(FileNotFoundError, match="no k.csv"):
+        read_results(tmp_path / "k.csv")
