@@ -10,17 +10,8 @@
 // an out-of-line call in a simd loop makes it scalar, and GCC's size heuristics did that to
 // sigmoid once exp_nonpos was forced inline.
 
-FL_INLINE uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-FL_INLINE float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
+using fusionlens::float_bits;  // a float's bits and back (common.h)
+using fusionlens::float_from_bits;
 
 // Integer select (all-ones mask picks a): vectorizes at any -march, unlike a float ?: under the
 // default -ftrapping-math.
@@ -36,9 +27,9 @@ constexpr uint32_t kErfSatBits = 0x40b504f3u;  // 4 sqrt(2) = 5.656854f: erf(x /
 // included), so GELU(-inf) = -inf + inf = NaN as in eager; a NaN x makes the GELU NaN through x.
 // Plain multiply-adds (contracted to FMA where the target has it) and integer clamps only.
 FL_INLINE float erf_abs_scaled(float x) {
-  const uint32_t ab = bits_of(x) & 0x7fffffffu;
+  const uint32_t ab = float_bits(x) & 0x7fffffffu;
   const uint32_t sat = 0u - static_cast<uint32_t>(ab >= kErfSatBits);
-  const float a = float_of(ab < kErfSatBits ? ab : kErfSatBits);
+  const float a = float_from_bits(ab < kErfSatBits ? ab : kErfSatBits);
   const float a2 = a * a;
   float p = 4.533083400e-08f;
   p = p * a2 + 1.260004006e-05f;
@@ -52,8 +43,8 @@ FL_INLINE float erf_abs_scaled(float x) {
   q = q * a2 + 2.849126954e-02f;
   q = q * a2 + 2.508987347e-01f;
   q = q * a2 + 1.0f;
-  const uint32_t rb = bits_of(a * p / q);
-  return float_of(select_bits(sat, kOneBits, rb < kOneBits ? rb : kOneBits));
+  const uint32_t rb = float_bits(a * p / q);
+  return float_from_bits(select_bits(sat, kOneBits, rb < kOneBits ? rb : kOneBits));
 }
 
 // sigmoid(z) = 1 / (1 + exp(-z)) with the inline exp of a non-positive argument: e = exp(-|z|),
@@ -61,10 +52,10 @@ FL_INLINE float erf_abs_scaled(float x) {
 // sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN. -|z| is one OR of the sign bit and the
 // numerator's select is b ^ ((a ^ b) & mask) on an arithmetic-shift mask (one AVX-512 ternlog).
 FL_INLINE float sigmoid(float z) {
-  const uint32_t zb = bits_of(z);
-  const float e = fusionlens::exp_nonpos<FL_ISA>(float_of(zb | 0x80000000u));
+  const uint32_t zb = float_bits(z);
+  const float e = fusionlens::exp_nonpos<FL_ISA>(float_from_bits(zb | 0x80000000u));
   const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(zb) >> 31);
-  return float_of(kOneBits ^ ((bits_of(e) ^ kOneBits) & neg)) / (1.0f + e);
+  return float_from_bits(kOneBits ^ ((float_bits(e) ^ kOneBits) & neg)) / (1.0f + e);
 }
 
 // GELU (tanh)'s sigmoid argument 2u = x (2 sqrt(2/pi) + 2 sqrt(2/pi) 0.044715 x^2): a multiply,

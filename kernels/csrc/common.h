@@ -232,8 +232,7 @@ constexpr int64_t kTile = 1024;
 // 2026-12-03), so there the clamp is an and/or mask select.
 template <int ISA = 0>
 FL_INLINE float exp_nonpos(float x_in) {
-  uint32_t b;
-  std::memcpy(&b, &x_in, 4);
+  const uint32_t b = float_bits(x_in);
   // As unsigned bits, x in [-87, -0] is [0x80000000, 0xc2ae0000]; (-inf, -87) and -inf are
   // (0xc2ae0000, 0xff800000]; a negative NaN is above, +0, positives and positive NaN below.
   const uint32_t under = static_cast<uint32_t>(b > 0xc2ae0000u) & static_cast<uint32_t>(b <= 0xff800000u);
@@ -244,8 +243,7 @@ FL_INLINE float exp_nonpos(float x_in) {
   } else {
     bc = (0xc2ae0000u & (0u - under)) | (b & keep);
   }
-  float x;
-  std::memcpy(&x, &bc, 4);
+  const float x = float_from_bits(bc);
   // t = x / ln2 + 1.5 * 2^23 rounds x / ln2 to the nearest integer n (|n| <= 126 sits in t's low
   // mantissa bits); n = t - 1.5 * 2^23 exactly. x = n ln2 + r, |r| <= ln2 / 2.
   constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
@@ -260,19 +258,9 @@ FL_INLINE float exp_nonpos(float x_in) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + (r + 1.0f);
-  uint32_t tb;
-  std::memcpy(&tb, &t, 4);
   // 2^n: t's low 23 bits are 2^22 + n; shifted up by 23 only n's bits survive (mod 2^32).
-  const uint32_t scale_bits = (tb << 23) + (127u << 23);
-  float scale;
-  std::memcpy(&scale, &scale_bits, 4);
-  const float v = p * scale;
-  uint32_t vb;
-  std::memcpy(&vb, &v, 4);
-  vb &= keep;
-  float out;
-  std::memcpy(&out, &vb, 4);
-  return out;
+  const float scale = float_from_bits((float_bits(t) << 23) + (127u << 23));
+  return float_from_bits(float_bits(p * scale) & keep);
 }
 
 // `preferred` is the copy used when FUSIONLENS_CPU_ISA is unset (norms prefer AVX2, see norms.cpp).
