@@ -12,9 +12,10 @@ timed cold (fresh inductor cache dir for this process) and warm (after torch._dy
 cache on disk), and the steps to break even against the case's baseline are reported. A copy
 (`y.copy_(x)`, 64 MiB) and a triad (`z = x + 3y`, TensorIterator's plain stores) measure this
 machine's memory bandwidth per thread count, and every variant's bytes/time is shown as % of the
-larger (the roofline of these memory-bound kernels). The triad is there because a large copy_ is
-glibc's memcpy, whose non-temporal stores ran at 8.5 GB/s on a 2-vCPU Xeon VM where the kernels'
-own loops streamed 23 GB/s: as the only ceiling, the copy put them at 270% of the roof.
+larger (the roofline of these memory-bound kernels). Both are two- and three-stream figures: on
+a 2-vCPU Xeon VM one thread copied at 7.5-8.5 GB/s and ran the triad at 9.1-9.2 while AdamW's
+seven streams moved 17-21 GB/s (one core's bandwidth grows with the misses it keeps in flight),
+so a many-stream kernel can show over 100%.
 Rows go to `benchmarks/results/<csv>` (long format, p20/p50/p80) with the allocator setting
 (GLIBC_TUNABLES) and thread count in the notes.
 """
