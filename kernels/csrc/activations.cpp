@@ -3,9 +3,9 @@
 //
 // One pass over memory per call: the eager chain writes and re-reads every intermediate
 // (x + bias, gelu(x), silu(a)), these kernels read the inputs once and write the outputs once.
-// Rows run in parallel (at::parallel_for, OpenMP); inner loops work on fp32 chunks that fit in L1
-// (bf16/fp16 are widened on load and rounded to nearest-even on store). The chunk loops live in
-// activations_impl.h, compiled below once per instruction set (AVX-512, AVX2+FMA, the build's
+// Rows run in parallel (at::parallel_for, OpenMP); inner loops read and write the storage type
+// directly and compute in fp32 (bf16/fp16 widened on load, rounded to nearest even on store,
+// inside the same loop). The span loops live in activations_impl.h, compiled below once per instruction set (AVX-512, AVX2+FMA, the build's
 // baseline) and picked at run time (common.h cpu_isa, FUSIONLENS_CPU_ISA lowers it), so their
 // speed does not depend on -march=native. GELU (erf) uses an inline rational erf, GELU (tanh)
 // x * sigmoid(2u) and SiLU x * sigmoid(x), both with common.h's inline exp.
@@ -16,7 +16,6 @@
 #include "common.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,20 +30,25 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
 
-// One ISA copy's span loops (activations_impl.h) for one activation kind.
+// One ISA copy's span loops (activations_impl.h) for one activation kind and storage type T;
+// the bias (b in act / act_grad) and the bias-gradient row (acc) are fp32.
+template <typename T>
 struct Spans {
-  void (*act)(const float* x, const float* b, float* y, int64_t n);
-  void (*act_grad)(const float* g, const float* x, const float* b, float* gx, float* acc, int64_t n);
-  void (*glu)(const float* a, const float* b, float* y, int64_t n);
-  void (*glu_grad)(const float* g, const float* a, const float* b, float* ga, float* gb, int64_t n);
+  void (*act)(const T* x, const float* b, T* y, int64_t n);
+  void (*act_grad)(const T* g, const T* x, const float* b, T* gx, float* acc, int64_t n);
+  void (*glu)(const T* a, const T* b, T* y, int64_t n);
+  void (*glu_grad)(const T* g, const T* a, const T* b, T* ga, T* gb, int64_t n);
 };
 
 #define FL_ISA_IMPL "activations_impl.h"
 #include "per_isa.h"
 
 // The span loops of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
-template <int64_t K>
-Spans spans_for() { return FL_ISA_PICK(spans<K>()); }
+template <int64_t K, typename T>
+Spans<T> spans_for() {
+  using KC = std::integral_constant<int64_t, K>;
+  return FL_ISA_PICK(spans<T>(KC{}));
+}
 
 }  // namespace fl_act
 
@@ -54,46 +58,14 @@ using fl_act::kGeluErf;
 using fl_act::kGeluTanh;
 using fl_act::kSilu;
 
-constexpr int64_t kChunk = 1024;  // fp32 elements per L1 buffer
+constexpr int64_t kGrain = 16384;  // elements per parallel task, at least
 
-// fp32 <-> storage dtype, a span at a time (vectorized bf16 bit ops / F16C), from common.h.
+// The fp32 copy of a bias (read once per call, not per row).
 template <typename T>
-inline void load_f(const T* src, float* dst, int64_t n) { fusionlens::to_float<T>(src, dst, n); }
-template <typename T>
-inline void store_f(const float* src, T* dst, int64_t n) { fusionlens::from_float<T>(src, dst, n); }
-
-// Run body(in_f, out_f, len, start) over [0, n) in fp32 chunks. For float storage the body sees
-// the tensors' own memory (no copies); otherwise L1 buffers converted on the way in and out.
-template <typename T, size_t NI, size_t NO, typename Body>
-inline void map_chunks(const std::array<const T*, NI>& in, const std::array<T*, NO>& out,
-                       int64_t n, const Body& body) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (int64_t s = 0; s < n; s += kChunk) {
-      int64_t len = std::min(kChunk, n - s);
-      std::array<const float*, NI> fi;
-      std::array<float*, NO> fo;
-      for (size_t k = 0; k < NI; ++k) fi[k] = in[k] + s;
-      for (size_t k = 0; k < NO; ++k) fo[k] = out[k] + s;
-      body(fi, fo, len, s);
-    }
-  } else {
-    // Rows padded by one cache line: buffers exactly 4 KiB apart make every load of one alias
-    // (4K aliasing) the store to another at the same index.
-    alignas(64) float ibuf[NI > 0 ? NI : 1][kChunk + 16];
-    alignas(64) float obuf[NO][kChunk + 16];
-    for (int64_t s = 0; s < n; s += kChunk) {
-      int64_t len = std::min(kChunk, n - s);
-      std::array<const float*, NI> fi;
-      std::array<float*, NO> fo;
-      for (size_t k = 0; k < NI; ++k) {
-        load_f(in[k] + s, ibuf[k], len);
-        fi[k] = ibuf[k];
-      }
-      for (size_t k = 0; k < NO; ++k) fo[k] = obuf[k];
-      body(fi, fo, len, s);
-      for (size_t k = 0; k < NO; ++k) store_f(obuf[k], out[k] + s, len);
-    }
-  }
+std::vector<float> bias_f32(const at::Tensor& bias) {
+  std::vector<float> bf(bias.numel());
+  fusionlens::to_float<T>(bias.data_ptr<T>(), bf.data(), bias.numel());
+  return bf;
 }
 
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
@@ -108,25 +80,15 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t numel = x.numel();
-  const fl_act::Spans sp = fl_act::spans_for<K>();
+  const fl_act::Spans<T> sp = fl_act::spans_for<K, T>();
   if (!bias.has_value()) {
-    at::parallel_for(0, numel, 16 * kChunk, [&](int64_t b, int64_t e) {
-      map_chunks<T, 1, 1>({xp + b}, {op + b}, e - b, [&](auto& in, auto& o, int64_t len, int64_t) {
-        sp.act(in[0], nullptr, o[0], len);
-      });
-    });
+    at::parallel_for(0, numel, kGrain, [&](int64_t b, int64_t e) { sp.act(xp + b, nullptr, op + b, e - b); });
     return;
   }
   const int64_t n = x.size(-1), rows = numel / n;
-  std::vector<float> bf(n);
-  load_f(bias->data_ptr<T>(), bf.data(), n);
-  const float* bp = bf.data();
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16 * kChunk / n), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      map_chunks<T, 1, 1>({xp + r * n}, {op + r * n}, n, [&](auto& in, auto& o, int64_t len, int64_t s) {
-        sp.act(in[0], bp + s, o[0], len);
-      });
-    }
+  const std::vector<float> bf = bias_f32<T>(*bias);
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) sp.act(xp + r * n, bf.data(), op + r * n, n);
   });
 }
 
@@ -141,30 +103,23 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
   const T* xp = x.data_ptr<T>();
   T* gxp = grad_x.data_ptr<T>();
   const int64_t numel = x.numel();
-  const fl_act::Spans sp = fl_act::spans_for<K>();
+  const fl_act::Spans<T> sp = fl_act::spans_for<K, T>();
   if (!bias.has_value()) {
-    at::parallel_for(0, numel, 16 * kChunk, [&](int64_t b, int64_t e) {
-      map_chunks<T, 2, 1>({gp + b, xp + b}, {gxp + b}, e - b, [&](auto& in, auto& o, int64_t len, int64_t) {
-        sp.act_grad(in[0], in[1], nullptr, o[0], nullptr, len);
-      });
+    at::parallel_for(0, numel, kGrain, [&](int64_t b, int64_t e) {
+      sp.act_grad(gp + b, xp + b, nullptr, gxp + b, nullptr, e - b);
     });
     return;
   }
   const int64_t n = x.size(-1), rows = numel / n;
-  std::vector<float> bf(n);
-  load_f(bias->data_ptr<T>(), bf.data(), n);
-  const float* bp = bf.data();
+  const std::vector<float> bf = bias_f32<T>(*bias);
   const int64_t nthreads = at::get_num_threads();
   std::vector<float> partial(grad_bias.has_value() ? nthreads * n : 0, 0.0f);
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16 * kChunk / n), [&](int64_t b, int64_t e) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
     float* acc = partial.empty() ? nullptr : partial.data() + at::get_thread_num() * n;
     std::vector<float> block(acc != nullptr ? n : 0, 0.0f);  // this block's sums
     float* bsum = acc != nullptr ? block.data() : nullptr;
     for (int64_t r = b; r < e; ++r) {
-      map_chunks<T, 2, 1>({gp + r * n, xp + r * n}, {gxp + r * n}, n,
-                          [&](auto& in, auto& o, int64_t len, int64_t s) {
-        sp.act_grad(in[0], in[1], bp + s, o[0], bsum != nullptr ? bsum + s : nullptr, len);
-      });
+      sp.act_grad(gp + r * n, xp + r * n, bf.data(), gxp + r * n, bsum, n);
       if (bsum != nullptr && ((r - b + 1) % fusionlens::kGradBlockRows == 0 || r + 1 == e)) {
         fusionlens::flush_block(bsum, acc, n);
       }
@@ -176,7 +131,7 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
       const float* a = partial.data() + t * n;
       for (int64_t i = 0; i < n; ++i) total[i] += a[i];
     }
-    store_f(total.data(), grad_bias->data_ptr<T>(), n);
+    fusionlens::from_float<T>(total.data(), grad_bias->data_ptr<T>(), n);
   }
 }
 
@@ -199,21 +154,14 @@ void glu_fwd_impl(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const T* ap = a.data_ptr<T>();
   const T* bp = b.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  const fl_act::Spans sp = fl_act::spans_for<K>();
+  const fl_act::Spans<T> sp = fl_act::spans_for<K, T>();
   const GluRows g = glu_rows(a, b);
   if (g.sa == g.n && g.sb == g.n) {  // one flat run
-    at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
-      map_chunks<T, 2, 1>({ap + s0, bp + s0}, {op + s0}, e0 - s0, [&](auto& in, auto& o, int64_t len, int64_t) {
-        sp.glu(in[0], in[1], o[0], len);
-      });
-    });
+    at::parallel_for(0, a.numel(), kGrain, [&](int64_t s0, int64_t e0) { sp.glu(ap + s0, bp + s0, op + s0, e0 - s0); });
     return;
   }
-  at::parallel_for(0, g.rows, std::max<int64_t>(1, 16 * kChunk / g.n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      map_chunks<T, 2, 1>({ap + r * g.sa, bp + r * g.sb}, {op + r * g.n}, g.n,
-                          [&](auto& in, auto& o, int64_t len, int64_t) { sp.glu(in[0], in[1], o[0], len); });
-    }
+  at::parallel_for(0, g.rows, std::max<int64_t>(1, kGrain / g.n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) sp.glu(ap + r * g.sa, bp + r * g.sb, op + r * g.n, g.n);
   });
 }
 
@@ -228,25 +176,19 @@ void glu_bwd_impl(const at::Tensor& grad, const at::Tensor& a, const at::Tensor&
   const T* bp = b.data_ptr<T>();
   T* gap = grad_a.data_ptr<T>();
   T* gbp = grad_b.data_ptr<T>();
-  const fl_act::Spans sp = fl_act::spans_for<K>();
+  const fl_act::Spans<T> sp = fl_act::spans_for<K, T>();
   const GluRows g = glu_rows(a, b);
   const int64_t sga = grad_a.is_contiguous() ? g.n : grad_a.stride(0);
   const int64_t sgb = grad_b.is_contiguous() ? g.n : grad_b.stride(0);
   if (g.sa == g.n && g.sb == g.n && sga == g.n && sgb == g.n) {
-    at::parallel_for(0, a.numel(), 16 * kChunk, [&](int64_t s0, int64_t e0) {
-      map_chunks<T, 3, 2>({gp + s0, ap + s0, bp + s0}, {gap + s0, gbp + s0}, e0 - s0,
-                          [&](auto& in, auto& o, int64_t len, int64_t) {
-        sp.glu_grad(in[0], in[1], in[2], o[0], o[1], len);
-      });
+    at::parallel_for(0, a.numel(), kGrain, [&](int64_t s0, int64_t e0) {
+      sp.glu_grad(gp + s0, ap + s0, bp + s0, gap + s0, gbp + s0, e0 - s0);
     });
     return;
   }
-  at::parallel_for(0, g.rows, std::max<int64_t>(1, 16 * kChunk / g.n), [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, g.rows, std::max<int64_t>(1, kGrain / g.n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      map_chunks<T, 3, 2>({gp + r * g.n, ap + r * g.sa, bp + r * g.sb}, {gap + r * sga, gbp + r * sgb}, g.n,
-                          [&](auto& in, auto& out, int64_t len, int64_t) {
-        sp.glu_grad(in[0], in[1], in[2], out[0], out[1], len);
-      });
+      sp.glu_grad(gp + r * g.n, ap + r * g.sa, bp + r * g.sb, gap + r * sga, gbp + r * sgb, g.n);
     }
   });
 }

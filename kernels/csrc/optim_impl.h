@@ -13,7 +13,7 @@
 // The AdamW loop is compiled without implicit FMA contraction (GCC's default fuses p * decay +
 // update, which ATen's fused kernel rounds twice), so its vector copies are ATen's bit for bit.
 // Every loop here must vectorize (check with `objdump -d` or -fopt-info-vec-missed after a change):
-// a run-time flag tested inside, or c10's 16-bit conversions, have each left one scalar.
+// a run-time flag tested inside, or c10's 16-bit conversions (elem_impl.h), have each left one scalar.
 
 template <typename M>
 FL_INLINE M fmadd(M a, M b, M c) {
@@ -24,58 +24,7 @@ FL_INLINE M fmadd(M a, M b, M c) {
 #endif
 }
 
-// Element loads and stores through the math type M, on the 16-bit types' uint16 bits: through
-// c10::BFloat16 / c10::Half themselves (a NaN branch, a struct store) every 16-bit loop in this
-// file ran scalar. bf16: a load is a shift; a store rounds to nearest even in branch-free integer
-// arithmetic with c10::BFloat16's result (common.h float_to_bf16_bits_c10). fp16: c10's bit
-// routines (the ones c10::Half calls without F16C) in the AVX-512 copy, where GCC if-converts
-// their branches into mask registers; elsewhere common.h's mask-select rewrites of them (same bits
-// on every input): c10's leave the AVX2 loops scalar, and ours run 5-10% slower under AVX-512
-// (~14% more instructions), so each copy takes the one that vectorizes best there.
-FL_INLINE float half_bits_to_float(uint16_t h) {
-#if FL_ISA >= 512
-  return c10::detail::fp16_ieee_to_fp32_value(h);
-#else
-  return fusionlens::fp16_bits_to_float(h);
-#endif
-}
-
-FL_INLINE uint16_t float_to_half_bits(float x) {
-#if FL_ISA >= 512
-  return c10::detail::fp16_ieee_from_fp32_value(x);
-#else
-  return fusionlens::float_to_fp16_bits_c10(x);
-#endif
-}
-
-template <typename M, typename T>
-FL_INLINE M load(const T* src, int64_t k) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return static_cast<M>(fusionlens::bf16_bits_to_float(reinterpret_cast<const uint16_t*>(src)[k]));
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    return static_cast<M>(half_bits_to_float(reinterpret_cast<const uint16_t*>(src)[k]));
-  } else {
-    return static_cast<M>(src[k]);
-  }
-}
-
-// Stores x rounded to T at dst[k]; returns the stored value in M (what a load would give back).
-template <typename T, typename M>
-FL_INLINE M store(T* dst, int64_t k, M x) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const uint16_t bits = fusionlens::float_to_bf16_bits_c10(static_cast<float>(x));
-    reinterpret_cast<uint16_t*>(dst)[k] = bits;
-    return static_cast<M>(fusionlens::bf16_bits_to_float(bits));
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    const uint16_t bits = float_to_half_bits(static_cast<float>(x));
-    reinterpret_cast<uint16_t*>(dst)[k] = bits;
-    return static_cast<M>(half_bits_to_float(bits));
-  } else {
-    const T t = static_cast<T>(x);
-    dst[k] = t;
-    return static_cast<M>(t);
-  }
-}
+#include "elem_impl.h"  // load<M>(p, k), store(p, k, x) on float / bf16 / fp16 storage
 
 // One chunk of torch.optim.AdamW's single-tensor step (vmax: AMSGrad's running max, AMSGRAD only).
 // AMSGRAD and LERP_LOW (which side torch.lerp starts from) are template parameters: a branch or a
