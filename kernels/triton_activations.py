@@ -12,8 +12,9 @@ flat elementwise over contiguous a and b, and run on the same [M, N] tiles when 
 row-strided half of one fused projection (`h.chunk(2, -1)`: [M, N] with its own row stride),
 read in place. Memory traffic per element: act fwd 2 (+bias), bwd 3; glu fwd 3, bwd 5.
 
-Interpreter-safe (TRITON_INTERPRET=1): no methods on scalar arguments, tanh built from exp
-(tl.math has no tanh in every Triton version).
+Interpreter-safe (TRITON_INTERPRET=1): no methods on scalar arguments, and GELU (tanh) written as
+x * sigmoid(2u) with tl.exp (tl.math has no tanh in every Triton version; this form also needs one
+exp in backward and has no 1 + tanh(u) cancellation for x < 0).
 """
 from __future__ import annotations
 
@@ -25,51 +26,47 @@ BLOCK_M, BLOCK_N, BLOCK = 16, 256, 1024
 
 
 @triton.jit
-def _tanh(u):
-    return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * u))
-
-
-@triton.jit
 def _act(x, KIND: tl.constexpr):
     if KIND == 0:
         y = x / (1.0 + tl.exp(-x))
     elif KIND == 1:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     else:
-        y = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+        # 0.5 (1 + tanh(u)) = sigmoid(2u): one exp, and no 1 + tanh(u) cancellation for x < 0
+        y = x / (1.0 + tl.exp(-2.0 * (0.7978845608028654 * (x + 0.044715 * x * x * x))))
     return y
 
 
 @triton.jit
-def _sigmoid_pair(z):
-    """(sigmoid(z), 1 - sigmoid(z)), neither as a difference: with e = exp(-|z|) the larger is
-    1 / (1 + e) and the smaller e / (1 + e). 1 - s taken as a difference is 0 or 2^-24 wherever s
-    rounds near 1, a one-signed error that row sums (a bias gradient) keep (docs/kernels.md)."""
+def _sigmoid_slope(z):
+    """(sigmoid(z), sigmoid(z) * sigmoid(-z)) from one exp, with no 1 - s difference: with
+    e = exp(-|z|) and d = 1 / (1 + e), sigmoid(|z|) = d, sigmoid(-|z|) = e * d, and the slope is
+    their product whatever the sign. 1 - s as a difference is 0 or 2^-24 wherever s rounds near 1,
+    a one-signed error that row sums (a bias gradient) keep (docs/kernels.md)."""
     e = tl.exp(-tl.abs(z))
-    big = 1.0 / (1.0 + e)
-    small = e * big
-    return tl.where(z >= 0, big, small), tl.where(z >= 0, small, big)
+    d = 1.0 / (1.0 + e)
+    small = e * d
+    return tl.where(z >= 0, d, small), d * small
 
 
 @triton.jit
 def _act_grad(x, KIND: tl.constexpr):
     """(act(x), act'(x))."""
     if KIND == 0:
-        s, sc = _sigmoid_pair(x)
+        s, slope = _sigmoid_slope(x)
         y = x * s
-        dy = s * (1.0 + x * sc)
+        dy = s + x * slope
     elif KIND == 1:
         cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
         y = x * cdf
         dy = cdf + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)
     else:
-        # 0.5 (1 + tanh(u)) = sigmoid(2u) and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u): no cancellation
+        # 0.5 (1 + tanh(u)) = sigmoid(2u) and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u): one exp for
+        # both, no cancellation
         x2 = x * x
-        u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
-        t = _tanh(u)
-        y = 0.5 * x * (1.0 + t)  # as the forward (_act) computes it
-        s, sc = _sigmoid_pair(2.0 * u)
-        dy = s + 2.0 * x * s * sc * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x2)
+        s, slope = _sigmoid_slope(1.5957691216057308 * (x + 0.044715 * x2 * x))  # 2u
+        y = x * s
+        dy = s + 2.0 * x * slope * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x2)
     return y, dy
 
 

@@ -92,7 +92,7 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
   });
 }
 
-// grad_x = grad * act'(x [+ bias]); grad_bias = sum over rows of grad_x (fp32 partial sums per
+// grad_x = grad * act'(x [+ bias]); grad_bias = sum over rows of grad_x (partial sums per
 // thread, then reduced), so the bias gradient costs no extra pass over memory. Rows are summed in
 // blocks of kGradBlockRows first (common.h flush_block).
 
@@ -113,9 +113,9 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
   const int64_t n = x.size(-1), rows = numel / n;
   const std::vector<float> bf = bias_f32<T>(*bias);
   const int64_t nthreads = at::get_num_threads();
-  std::vector<float> partial(grad_bias.has_value() ? nthreads * n : 0, 0.0f);
+  std::vector<double> partial(grad_bias.has_value() ? nthreads * n : 0, 0.0);
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
-    float* acc = partial.empty() ? nullptr : partial.data() + at::get_thread_num() * n;
+    double* acc = partial.empty() ? nullptr : partial.data() + at::get_thread_num() * n;
     std::vector<float> block(acc != nullptr ? n : 0, 0.0f);  // this block's sums
     float* bsum = acc != nullptr ? block.data() : nullptr;
     for (int64_t r = b; r < e; ++r) {
@@ -126,11 +126,8 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
     }
   });
   if (grad_bias.has_value()) {
-    std::vector<float> total(n, 0.0f);
-    for (int64_t t = 0; t < nthreads; ++t) {
-      const float* a = partial.data() + t * n;
-      for (int64_t i = 0; i < n; ++i) total[i] += a[i];
-    }
+    std::vector<float> total(n);
+    fusionlens::reduce_partials(partial.data(), nthreads, n, total.data());
     fusionlens::from_float<T>(total.data(), grad_bias->data_ptr<T>(), n);
   }
 }

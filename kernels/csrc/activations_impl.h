@@ -60,6 +60,21 @@ FL_INLINE float sigmoid(float z) {
   return float_from_bits(kOneBits ^ ((float_bits(e) ^ kOneBits) & neg)) / (1.0f + e);
 }
 
+// sigmoid(z) and sigmoid(-z) = 1 - sigmoid(z) from one exp and one division, for the gradients:
+// with e = exp(-|z|) and d = 1 / (1 + e), the larger is d and the smaller e * d (neither as a
+// difference). Two sigmoid() calls cost a second division (the exp was shared, the numerators
+// not): SwiGLU and GELU (tanh) backward were division bound on AVX2, where vdivps ymm issues once
+// per ~5 cycles. e * d rounds twice (<= 1.5 ulp against sigmoid()'s 0.5).
+FL_INLINE void sigmoid_pair(float z, float& s, float& sc) {
+  const uint32_t zb = float_bits(z);
+  const float e = fusionlens::exp_nonpos<FL_ISA>(float_from_bits(zb | 0x80000000u));
+  const float d = 1.0f / (1.0f + e);
+  const uint32_t db = float_bits(d), eb = float_bits(e * d);
+  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(zb) >> 31);
+  s = float_from_bits(select_bits(neg, eb, db));
+  sc = float_from_bits(select_bits(neg, db, eb));
+}
+
 // GELU (tanh)'s sigmoid argument 2u = x (2 sqrt(2/pi) + 2 sqrt(2/pi) 0.044715 x^2): a multiply,
 // a multiply-add and a multiply (the constants folded once, in double), where
 // 2 beta (kappa x x^2 + x) took four operations.
@@ -86,24 +101,26 @@ FL_INLINE float act(float x) {
 template <int64_t K>
 FL_INLINE void act_and_grad(float x, float& y, float& dy) {
   if constexpr (K == kSilu) {
-    const float s = sigmoid(x);
+    float s, sc;
+    sigmoid_pair(x, s, sc);
     y = x * s;
-    dy = s * (1.0f + x * sigmoid(-x));  // 1 - s as sigmoid(-x): no cancellation (see below)
+    dy = s * (1.0f + x * sc);  // 1 - s as sigmoid(-x): no cancellation (see below)
   } else if constexpr (K == kGeluErf) {
     const float cdf = 0.5f + 0.5f * std::copysign(erf_abs_scaled(x), x);
     y = x * cdf;
     dy = cdf + x * kInvSqrt2Pi * fusionlens::exp_nonpos<FL_ISA>(-0.5f * x * x);
   } else {
     // d/dx x s(2u) = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-    // 1 - s is sigmoid(-2u) (the same exp, the other numerator): computed as 1 - s it was 0 or
+    // 1 - s is sigmoid(-2u) (sigmoid_pair: the same exp and division): computed as 1 - s it was 0 or
     // 2^-24 wherever s rounds near 1 (x > ~4), a one-signed error of up to 2e-6 in every such
     // element's derivative that a bias gradient summed over 1089 rows to 3x eager's error (fuzz
     // seed 744072). ATen's 1 - tanh^2 cancels too, only less.
     const float x2 = x * x;
     const float z = gelu_tanh_arg(x, x2);
-    const float s = sigmoid(z);
+    float s, sc;
+    sigmoid_pair(z, s, sc);
     y = x * s;
-    dy = s + 2.0f * x * s * sigmoid(-z) * kBeta * (3.0f * kKappa * x2 + 1.0f);
+    dy = s + 2.0f * x * s * sc * kBeta * (3.0f * kKappa * x2 + 1.0f);
   }
 }
 

@@ -327,14 +327,15 @@ inline int64_t chunks_for(int64_t rows, int64_t cols) {
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), by_work));
 }
 
-// Gradient sums over many rows (weight, bias): rows add their terms into a block sum that joins
-// the running partial every kGradBlockRows rows (a two-level cascade). One fp32 chain over
-// thousands of rows had 5-40x eager's pairwise-sum error (found by tests/kernels/fuzz.py); a flush
-// is n adds per block.
+// Gradient sums over many rows (weight, bias): rows add their terms into an fp32 block sum that
+// joins the running partial every kGradBlockRows rows (a two-level cascade), and the partials are
+// double. One fp32 chain over thousands of rows had 5-40x eager's pairwise-sum error (found by
+// tests/kernels/fuzz.py); fp32 partials still had up to 7.5x it where rows are many and short (a
+// bias gradient over 1,584 rows of one column, fuzz seed 933493). A flush is n adds per block.
 constexpr int64_t kGradBlockRows = 32;
 
 // partial[j] += block[j]; block[j] = 0.
-inline void flush_block(float* block, float* partial, int64_t n) {
+inline void flush_block(float* block, double* partial, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     partial[j] += block[j];
@@ -342,14 +343,14 @@ inline void flush_block(float* block, float* partial, int64_t n) {
   }
 }
 
-// Sum partials[c][j] over chunks c into out[j] (fp32), parallel over columns.
-inline void reduce_partials(const float* partials, int64_t nchunks, int64_t cols, float* out) {
+// Sum partials[c][j] over chunks c (in double) into out[j], rounded once to fp32; parallel over
+// columns.
+inline void reduce_partials(const double* partials, int64_t nchunks, int64_t cols, float* out) {
   at::parallel_for(0, cols, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) out[j] = 0.f;
-    for (int64_t c = 0; c < nchunks; ++c) {
-      const float* p = partials + c * cols;
-#pragma omp simd
-      for (int64_t j = begin; j < end; ++j) out[j] += p[j];
+    for (int64_t j = begin; j < end; ++j) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < nchunks; ++c) sum += partials[c * cols + j];
+      out[j] = static_cast<float>(sum);
     }
   });
 }

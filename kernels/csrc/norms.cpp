@@ -4,8 +4,8 @@
 // (two-pass mean/variance or sum of squares from L1/L2, fp32 accumulation for every dtype, four
 // vector accumulators), and written once (non-temporal stores for outputs > 16 MiB). Rows are
 // split across threads with at::parallel_for (OpenMP). Weight/bias gradients are summed per
-// thread chunk into fp32 partial rows, then the partials are reduced over chunks, in parallel
-// over columns.
+// thread chunk in fp32 blocks of rows flushed into double partial rows, then the partials are
+// reduced over chunks, in parallel over columns (common.h flush_block).
 //
 // The row kernels live in norms_impl.h, compiled here once per instruction set (AVX-512,
 // AVX2+FMA+F16C, the build's baseline) with `#pragma GCC target`; the copy for this CPU is picked

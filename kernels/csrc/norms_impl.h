@@ -266,7 +266,7 @@ void ln_bwd(const LnBwd& a) {
   T* dxp = static_cast<T*>(a.dx);
   const float inv_n = 1.0f / static_cast<float>(n);
   const int64_t nchunks = chunks_for(m, n);
-  std::vector<float> dw_part(a.dw ? nchunks * n : 0, 0.f), db_part(a.db ? nchunks * n : 0, 0.f);
+  std::vector<double> dw_part(a.dw ? nchunks * n : 0, 0.0), db_part(a.db ? nchunks * n : 0, 0.0);
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
   const bool stream = a.stream;
@@ -474,7 +474,7 @@ void rms_bwd(const RmsBwd& a) {
   T* dxp = static_cast<T*>(a.dx);
   const float inv_n = 1.0f / static_cast<float>(n);
   const int64_t nchunks = chunks_for(m, n);
-  std::vector<float> dw_part(a.dw ? nchunks * n : 0, 0.f);
+  std::vector<double> dw_part(a.dw ? nchunks * n : 0, 0.0);
   const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
