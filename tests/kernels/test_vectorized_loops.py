@@ -120,3 +120,29 @@ def test_the_avx2_and_baseline_copies_vectorize_every_loop_the_avx512_copy_does(
     assert {"fl_act", "fl_softmax", "fl_ce", "fl_rope", "fl_optim", "fusionlens"} <= families, families
     assert compared > 50, compared
     assert not scalar, "loops left scalar below AVX-512:\n" + "\n".join(scalar)
+
+
+# one activation span: void fl_act::isa_*::(anonymous namespace)::glu_span<0l, c10::BFloat16>(...)
+ACT_SPAN = re.compile(r"^(?:\w+ )?fl_act::isa_\*::\(anonymous namespace\)::(\w+_span)<(\d)l, ([\w:]+)>\(")
+
+
+def test_every_activation_span_is_vectorized_for_each_storage_type() -> None:
+    """The spans read bf16 (and, in the baseline copy, fp16) inside their one simd loop: a
+    conversion that does not vectorize would leave the whole loop scalar, which the relative check
+    above cannot see when every copy is scalar alike."""
+    found, scalar = set(), []
+    for (isa, name), body in _functions().items():
+        m = ACT_SPAN.match(name)
+        if not m:
+            continue
+        span, kind, dtype = m.groups()
+        found.add((isa, span, kind, dtype))
+        if WIDTH[isa] not in _packed(body):
+            scalar.append(f"{isa} {span}<{kind}, {dtype}> ({len(body)} instructions)")
+    expected = {(isa, span, kind, dtype)
+                for isa in ("avx512", "avx2", "base")
+                for span in ("act_span", "act_grad_span", "glu_span", "glu_grad_span")
+                for kind in "012"
+                for dtype in ("float", "c10::BFloat16", *(("c10::Half",) if isa == "base" else ()))}
+    assert expected <= found, sorted(expected - found)[:8]
+    assert not scalar, "activation spans left scalar:\n" + "\n".join(scalar)
