@@ -73,6 +73,32 @@ inline float row_add_sumsq(const float* x, const float* r, float* s, int64_t n) 
   return t;
 }
 
+// s = x + r rounded through T (eager's `x + residual` in T), written to sum_out as T and to s as
+// float, in one pass over the 16-bit rows with the conversions in registers; returns sum(s^2).
+// (Through input_row the same took six passes through L1: x and r widened into buffers, added,
+// rounded out, read back, squared.)
+template <typename T>
+inline float row_add_round_sumsq(const T* x, const T* r, T* sum_out, float* s, int64_t n) {
+  vf a0 = {}, a1 = {};
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) {
+    const vf v0 = ldv(x + j) + ldv(r + j), v1 = ldv(x + j + kW) + ldv(r + j + kW);
+    stv(sum_out + j, v0);
+    stv(sum_out + j + kW, v1);
+    const vf s0 = round_v<T>(v0), s1 = round_v<T>(v1);
+    st(s + j, s0);
+    st(s + j + kW, s1);
+    a0 += s0 * s0, a1 += s1 * s1;
+  }
+  float t = hsum(a0 + a1);
+  for (; j < n; ++j) {
+    st1(sum_out + j, ld1(x + j) + ld1(r + j));
+    s[j] = ld1(sum_out + j);
+    t += s[j] * s[j];
+  }
+  return t;
+}
+
 // sum(x^2), x a row of float or of a 16-bit type (converted in registers)
 template <typename S>
 inline float row_sumsq(const S* x, int64_t n) {
@@ -398,11 +424,20 @@ void rms_fwd(const RmsFwd& a) {
         }
       }
       float ss = 0.f;
-      const bool fused_ss = std::is_same_v<T, float> && rp;  // the add computed sum(s^2) already
-      const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, &ss);
-      if (!fused_ss) ss = row_sumsq(xr, n);
+      const float* xr;
+      if constexpr (std::is_same_v<T, float>) {
+        xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, &ss);
+        if (!rp) ss = row_sumsq(xr, n);  // with a residual the add computed sum(s^2) already
+      } else {  // a 16-bit row with a residual (the others took the branch above)
+        xr = sc.f.data();
+        ss = row_add_round_sumsq<T>(xp + i * n, rp + i * n, sp + i * n, sc.f.data(), n);
+      }
       const float r = 1.0f / std::sqrt(ss * inv_n + static_cast<float>(a.eps));
       a.rstd[i] = r;
+      if (!stream) {  // y written directly (16-bit rows: converted in registers, no float tile)
+        rms_out<T>(round_n, r, xr, yp + i * n, wv, n, static_cast<const float*>(nullptr));
+        continue;
+      }
       for (int64_t j0 = 0; j0 < n; j0 += kTile) {
         const int64_t len = std::min(kTile, n - j0);
         float* yt = tile_for<Y>(yp + i * n + j0, tile, stream);
