@@ -74,9 +74,9 @@ inline float row_add_sumsq(const float* x, const float* r, float* s, int64_t n) 
 }
 
 // s = x + r rounded through T (eager's `x + residual` in T), written to sum_out as T and to s as
-// float, in one pass over the 16-bit rows with the conversions in registers; returns sum(s^2).
-// (Through input_row the same took six passes through L1: x and r widened into buffers, added,
-// rounded out, read back, squared.)
+// float, in one pass over the 16-bit rows with the conversions in registers; returns sum(s^2)
+// (free: the RMSNorm needs it, the LayerNorm ignores it). It replaced five passes through L1 (x
+// and r widened into buffers, added, rounded out, read back) and RMSNorm's sixth (the squares).
 template <typename T>
 inline float row_add_round_sumsq(const T* x, const T* r, T* sum_out, float* s, int64_t n) {
   vf a0 = {}, a1 = {};
@@ -157,28 +157,24 @@ inline float row_dot3(const G* dy, const float* w, const S* x, int64_t n) {
 }
 
 // Row i of x (+ residual, rounded through T like eager `x + residual`) as float; writes the sum
-// row when a residual is given. For float with a residual, ss_out receives sum(s^2) (the add and
-// the RMS reduction in one pass); otherwise ss_out is left alone.
+// row when a residual is given. With a residual, ss_out (when given) receives sum(s^2): the add
+// and the RMS reduction in one pass; otherwise ss_out is left alone.
 template <typename T>
 inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, int64_t n, float* buf,
-                              float* buf2, bool stream, float* ss_out) {
-  const float* xr = as_f32<T>(x + i * n, buf, n);
-  if (!res) return xr;
-  const float* rr = as_f32<T>(res + i * n, buf2, n);
+                              bool stream, float* ss_out) {
+  if (!res) return as_f32<T>(x + i * n, buf, n);
   if constexpr (std::is_same_v<T, float>) {
+    const float* xr = x + i * n;
+    const float* rr = res + i * n;
     float* s = stream ? buf : sum_out + i * n;  // streamed: computed in buf, then streamed out
     const float ss = row_add_sumsq(xr, rr, s, n);
     if (ss_out) *ss_out = ss;
     if (stream) stream_copy(sum_out + i * n, s, n * 4);
     return s;
-  } else {
-    float* s = buf;  // xr is buf too: same index, read before written
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) s[j] = xr[j] + rr[j];
-    T* dst = sum_out + i * n;
-    store_from_f32<T>(s, dst, n);  // the rounded sum: the output, and what eager's norm reads
-    load_f32<T>(dst, s, n);
-    return s;
+  } else {  // the rounded sum: the output, and what eager's norm reads
+    const float ss = row_add_round_sumsq<T>(x + i * n, res + i * n, sum_out + i * n, buf, n);
+    if (ss_out) *ss_out = ss;
+    return buf;
   }
 }
 
@@ -236,7 +232,7 @@ void ln_fwd(const LnFwd& a) {
         }
       };
       if (rp) {
-        stats_and_out(input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, nullptr));
+        stats_and_out(input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, nullptr));
       } else {
         stats_and_out(xp + i * n);
       }
@@ -424,14 +420,8 @@ void rms_fwd(const RmsFwd& a) {
         }
       }
       float ss = 0.f;
-      const float* xr;
-      if constexpr (std::is_same_v<T, float>) {
-        xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), sc.f.data() + n, stream, &ss);
-        if (!rp) ss = row_sumsq(xr, n);  // with a residual the add computed sum(s^2) already
-      } else {  // a 16-bit row with a residual (the others took the branch above)
-        xr = sc.f.data();
-        ss = row_add_round_sumsq<T>(xp + i * n, rp + i * n, sp + i * n, sc.f.data(), n);
-      }
+      const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, &ss);
+      if (!rp) ss = row_sumsq(xr, n);  // with a residual the add computed sum(s^2) already
       const float r = 1.0f / std::sqrt(ss * inv_n + static_cast<float>(a.eps));
       a.rstd[i] = r;
       if (!stream) {  // y written directly (16-bit rows: converted in registers, no float tile)
