@@ -3,9 +3,10 @@
 //
 // One pass over memory per call: the eager chain writes and re-reads every intermediate
 // (x + bias, gelu(x), silu(a)), these kernels read the inputs once and write the outputs once.
-// Rows run in parallel (at::parallel_for, OpenMP); inner loops read and write the storage type
-// directly and compute in fp32 (bf16/fp16 widened on load, rounded to nearest even on store,
-// inside the same loop). The span loops live in activations_impl.h, compiled below once per instruction set (AVX-512, AVX2+FMA, the build's
+// Rows run in parallel (at::parallel_for, OpenMP); inner loops compute in fp32 and read and write
+// the storage type inside the same loop (bf16 widened on load, rounded to nearest even on store;
+// fp16 through F16C-converted L1 blocks where the CPU has F16C). The span loops live in
+// activations_impl.h, compiled below once per instruction set (AVX-512, AVX2+FMA, the build's
 // baseline) and picked at run time (common.h cpu_isa, FUSIONLENS_CPU_ISA lowers it), so their
 // speed does not depend on -march=native. GELU (erf) uses an inline rational erf, GELU (tanh)
 // x * sigmoid(2u) and SiLU x * sigmoid(x), both with common.h's inline exp.

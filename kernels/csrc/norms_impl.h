@@ -208,9 +208,9 @@ void ln_fwd(const LnFwd& a) {
   const float* wv = a.w ? a.w : ones.data();
   const float* bv = a.b ? a.b : zeros.data();
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    // Per thread: the sum row and the residual row as float (with a residual), the streamed y row.
-    Scratch<T> sc(3 * n, stream && !std::is_same_v<T, float> ? n : 0);
-    float* tile = sc.f.data() + 2 * n;
+    // Per thread: the sum row as float (with a residual), the streamed y row.
+    Scratch<T> sc(2 * n, stream && !std::is_same_v<T, float> ? n : 0);
+    float* tile = sc.f.data() + n;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t ip = i + kPrefetchRows;
       const T* nx = ip < end ? xp + ip * n : nullptr;
@@ -398,8 +398,8 @@ void rms_fwd(const RmsFwd& a) {
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    Scratch<T> sc(2 * n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));
-    float* tile = sc.f.data() + 2 * n;
+    Scratch<T> sc(n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));  // the sum row, a y tile
+    float* tile = sc.f.data() + n;
     for (int64_t i = begin; i < end; ++i) {
       if constexpr (!std::is_same_v<T, float>) {
         if (!rp) {  // a 16-bit row without residual: read in registers twice, no float copy
