@@ -18,6 +18,13 @@ template <typename S>
 inline float row_sum(const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
+  if constexpr (kPairs<S>) {
+    for (; j + 4 * kW <= n; j += 4 * kW) {
+      vf e0, o0, e1, o1;
+      ld_pair(x + j, e0, o0), ld_pair(x + j + 2 * kW, e1, o1);
+      a0 += e0, a1 += o0, a2 += e1, a3 += o1;
+    }
+  }
   for (; j + 4 * kW <= n; j += 4 * kW) {
     a0 += ldv(x + j), a1 += ldv(x + j + kW), a2 += ldv(x + j + 2 * kW), a3 += ldv(x + j + 3 * kW);
   }
@@ -35,6 +42,15 @@ template <typename S>
 inline float row_sq_dev(const S* x, int64_t n, float mu, float* dev) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {}, s0 = {};
   int64_t j = 0;
+  if constexpr (kPairs<S>) {
+    for (; j + 4 * kW <= n; j += 4 * kW) {
+      vf x0, x1, x2, x3;
+      ld_pair(x + j, x0, x1), ld_pair(x + j + 2 * kW, x2, x3);
+      const vf d0 = x0 - mu, d1 = x1 - mu, d2 = x2 - mu, d3 = x3 - mu;
+      a0 += d0 * d0, a1 += d1 * d1, a2 += d2 * d2, a3 += d3 * d3;
+      s0 += (d0 + d1) + (d2 + d3);
+    }
+  }
   for (; j + 4 * kW <= n; j += 4 * kW) {
     const vf d0 = ldv(x + j) - mu, d1 = ldv(x + j + kW) - mu, d2 = ldv(x + j + 2 * kW) - mu,
              d3 = ldv(x + j + 3 * kW) - mu;
@@ -104,6 +120,13 @@ template <typename S>
 inline float row_sumsq(const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
+  if constexpr (kPairs<S>) {
+    for (; j + 4 * kW <= n; j += 4 * kW) {
+      vf x0, x1, x2, x3;
+      ld_pair(x + j, x0, x1), ld_pair(x + j + 2 * kW, x2, x3);
+      a0 += x0 * x0, a1 += x1 * x1, a2 += x2 * x2, a3 += x3 * x3;
+    }
+  }
   for (; j + 4 * kW <= n; j += 4 * kW) {
     const vf x0 = ldv(x + j), x1 = ldv(x + j + kW), x2 = ldv(x + j + 2 * kW), x3 = ldv(x + j + 3 * kW);
     a0 += x0 * x0, a1 += x1 * x1, a2 += x2 * x2, a3 += x3 * x3;
@@ -180,16 +203,26 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
 
 // ---------------------------------------------------------------- LayerNorm
 // y = (x - mu) * r * w + b over columns [0, n) of a row: x of type S (float, or T read and
-// converted in registers), y stored as D (T directly, or a float tile to be streamed out), while
-// the next row (nx, and the residual nr) is prefetched.
-template <typename S, typename D, typename T>
-inline void ln_out_row(const S* x, D* y, const float* w, const float* b, float mu, float r, int64_t n,
-                       const T* nx, const T* nr) {
+// converted in registers), y stored as D (T, or a float tile), while the next row (nx, and the
+// residual nr) is prefetched, and the next output row ny for writing. A bf16 row into a bf16 row
+// goes by even/odd pairs (ld_pair), with ws, bs the weight and bias split to match (split_pairs);
+// GUARD: the bf16 rounding keeps any NaN payload (round_hi).
+template <bool GUARD, typename S, typename D, typename T>
+inline void ln_out_row(const S* x, D* y, const float* w, const float* b, const float* ws, const float* bs,
+                       float mu, float r, int64_t n, const T* nx, const T* nr, D* ny) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
     prefetch_cols<T>(nr, j0, j1 - j0);
+    if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ny, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
+    if constexpr (kPairs<S> && std::is_same_v<S, D>) {  // j0 is a multiple of 2 kW: whole pairs blocks
+      for (; j + 2 * kW <= j1; j += 2 * kW) {
+        vf e, o;
+        ld_pair(x + j, e, o);
+        st_pair<GUARD>(y + j, (e - mu) * r * ld(ws + j) + ld(bs + j), (o - mu) * r * ld(ws + j + kW) + ld(bs + j + kW));
+      }
+    }
     for (; j + kW <= j1; j += kW) stv(y + j, (ldv(x + j) - mu) * r * ld(w + j) + ld(b + j));
     for (; j < j1; ++j) st1(y + j, (ld1(x + j) - mu) * r * w[j] + b[j]);
   }
@@ -207,15 +240,24 @@ void ln_fwd(const LnFwd& a) {
   const std::vector<float> ones(a.w ? 0 : n, 1.f), zeros(a.b ? 0 : n, 0.f);
   const float* wv = a.w ? a.w : ones.data();
   const float* bv = a.b ? a.b : zeros.data();
+  std::vector<float> split(kPairs<T> ? 2 * n : 0);  // w, b as ld_pair reads them
+  if constexpr (kPairs<T>) split_pairs(wv, split.data(), n), split_pairs(bv, split.data() + n, n);
+  const float* ws = kPairs<T> ? split.data() : wv;
+  const float* bs = kPairs<T> ? split.data() + n : bv;
+  const bool guard = !(nan_free(a.w, n) && nan_free(a.b, n) && !std::isnan(a.eps));
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    // Per thread: the sum row as float (with a residual), the streamed y row.
-    Scratch<T> sc(2 * n, stream && !std::is_same_v<T, float> ? n : 0);
-    float* tile = sc.f.data() + n;
+    // Per thread: the sum row as float (with a residual), the streamed y row (as T).
+    constexpr bool f32 = std::is_same_v<T, float>;
+    Scratch<T> sc(f32 ? 2 * n : n, !f32 && stream ? n : 0);
+    T* tile;
+    if constexpr (f32) tile = sc.f.data() + n; else tile = sc.t.data();
     for (int64_t i = begin; i < end; ++i) {
       const int64_t ip = i + kPrefetchRows;
       const T* nx = ip < end ? xp + ip * n : nullptr;
       const T* nr = ip < end && rp ? rp + ip * n : nullptr;
       T* yr = yp + i * n;
+      T* y = stream ? tile : yr;
+      T* ny = !stream && nx ? yr + kPrefetchRows * n : nullptr;
       float mu, r;
       auto stats_and_out = [&](const auto* xr) {  // xr: the row as T, or the sum row as float
         mu = row_sum(xr, n) * inv_n;
@@ -224,12 +266,9 @@ void ln_fwd(const LnFwd& a) {
         mu += dev * inv_n;  // the corrected mean; the variance about it: sq - dev^2 / n
         // (max(v, 0) in this order keeps a NaN variance NaN, as the plain two-pass sum did)
         r = 1.0f / std::sqrt(std::max(sq - dev * dev * inv_n, 0.0f) * inv_n + static_cast<float>(a.eps));
-        if (stream) {
-          ln_out_row(xr, tile, wv, bv, mu, r, n, nx, nr);
-          commit<T>(tile, yr, n, stream, sc.t.data());
-        } else {
-          ln_out_row(xr, yr, wv, bv, mu, r, n, nx, nr);
-        }
+        if (guard) ln_out_row<true>(xr, y, wv, bv, ws, bs, mu, r, n, nx, nr, ny);
+        else ln_out_row<false>(xr, y, wv, bv, ws, bs, mu, r, n, nx, nr, ny);
+        if (stream) stream_copy(yr, tile, n * static_cast<int64_t>(sizeof(T)));
       };
       if (rp) {
         stats_and_out(input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, nullptr));
@@ -254,11 +293,12 @@ void ln_fwd(const LnFwd& a) {
 // tile to be streamed out; nx, ndy: rows to prefetch (null: none).
 template <typename T, typename D, bool A>
 inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* dx, float* pw, float* pb,
-                       float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy) {
+                       float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy, D* ndx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
     prefetch_cols<T>(ndy, j0, j1 - j0);
+    if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ndx, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
     for (; j + kW <= j1; j += kW) {
       const vf xh = (ldv(x + j) - mu) * r, d = ldv(dy + j);
@@ -314,12 +354,13 @@ void ln_bwd(const LnBwd& a) {
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
         if (stream) {
-          da ? ln_bwd_row<T, float, true>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy)
-             : ln_bwd_row<T, float, false>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy);
+          da ? ln_bwd_row<T, float, true>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy, nullptr)
+             : ln_bwd_row<T, float, false>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy, nullptr);
           commit<T>(tile, dxp + i * n, n, stream, sc.t.data());
         } else {
-          da ? ln_bwd_row<T, T, true>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy)
-             : ln_bwd_row<T, T, false>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy);
+          T* ndx = nx ? dxp + ip * n : nullptr;
+          da ? ln_bwd_row<T, T, true>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy, ndx)
+             : ln_bwd_row<T, T, false>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy, ndx);
         }
       }
       if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
@@ -333,15 +374,30 @@ void ln_bwd(const LnBwd& a) {
 
 // ---------------------------------------------------------------- RMSNorm
 // y = x * r [rounded through T when RN] * w over columns [0, n): x a row of S (a 16-bit row read in
-// registers, or a float row), y stored as D (T or float directly, or a float tile to be streamed
-// out), while the next row nx (or none) is prefetched (as ln_out_row). FIN: the row is finite (so
-// is x * r): the rounding skips its NaN guard.
-template <typename T, bool RN, bool FIN, typename S, typename D>
-inline void rms_out_row(const S* x, D* y, const float* w, float r, int64_t n, const S* nx) {
+// registers, or a float row), y stored as D (T or float), while the next row nx and the next
+// output row ny (or none) are prefetched (as ln_out_row). FIN: the row is finite (so is x * r):
+// the rounding skips its NaN guard. A bf16 row into a bf16 row goes by even/odd pairs with ws the
+// weight split to match, as ln_out_row; GUARD: their stores keep any NaN payload.
+template <typename T, bool RN, bool FIN, bool GUARD, typename S, typename D>
+inline void rms_out_row(const S* x, D* y, const float* w, const float* ws, float r, int64_t n, const S* nx,
+                        D* ny) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<S>(nx, j0, j1 - j0);
+    if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ny, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
+    if constexpr (kPairs<S> && std::is_same_v<S, D>) {
+      for (; j + 2 * kW <= j1; j += 2 * kW) {
+        vf e, o;
+        ld_pair(x + j, e, o);
+        e *= r, o *= r;
+        if constexpr (RN) {
+          e = FIN ? round_v_finite<T>(e) : round_v<T>(e);
+          o = FIN ? round_v_finite<T>(o) : round_v<T>(o);
+        }
+        st_pair<GUARD>(y + j, e * ld(ws + j), o * ld(ws + j + kW));
+      }
+    }
     for (; j + kW <= j1; j += kW) {
       vf v = ldv(x + j) * r;
       if constexpr (RN) v = FIN ? round_v_finite<T>(v) : round_v<T>(v);
@@ -364,21 +420,19 @@ inline void rms_out_row(const S* x, D* y, const float* w, float r, int64_t n, co
 inline bool finite_row(float r) { return r > 0.f && r <= std::numeric_limits<float>::max(); }
 
 // rms_out_row for a row with rstd r: llama's rounding through T (round_n) unguarded on finite rows.
-template <typename T, typename S, typename D>
-inline void rms_out(bool round_n, float r, const S* x, D* y, const float* w, int64_t n, const S* nx) {
-  if (!round_n) rms_out_row<T, false, true>(x, y, w, r, n, nx);
-  else if (finite_row(r)) rms_out_row<T, true, true>(x, y, w, r, n, nx);
-  else rms_out_row<T, true, false>(x, y, w, r, n, nx);
+template <typename T, bool GUARD, typename S, typename D>
+inline void rms_out_g(bool round_n, float r, const S* x, D* y, const float* w, const float* ws, int64_t n,
+                      const S* nx, D* ny) {
+  if (!round_n) rms_out_row<T, false, true, GUARD>(x, y, w, ws, r, n, nx, ny);
+  else if (finite_row(r)) rms_out_row<T, true, true, GUARD>(x, y, w, ws, r, n, nx, ny);
+  else rms_out_row<T, true, false, GUARD>(x, y, w, ws, r, n, nx, ny);
 }
 
-// commit() of an output tile to rms_fwd's Y: T (converted through the T scratch) or float.
-template <typename T, typename Y>
-inline void commit_y(const float* tile, Y* dst, int64_t n, bool stream, T* tbuf) {
-  if constexpr (std::is_same_v<Y, T>) {
-    commit<T>(tile, dst, n, stream, tbuf);
-  } else {
-    commit<float>(tile, dst, n, stream, nullptr);
-  }
+template <typename T, typename S, typename D>
+inline void rms_out(bool guard, bool round_n, float r, const S* x, D* y, const float* w, const float* ws,
+                    int64_t n, const S* nx, D* ny) {
+  if (guard) rms_out_g<T, true>(round_n, r, x, y, w, ws, n, nx, ny);
+  else rms_out_g<T, false>(round_n, r, x, y, w, ws, n, nx, ny);
 }
 
 // llama_cast: y = round(round(x * rstd) * w) (HF LlamaRMSNorm: normalize in fp32, cast to the
@@ -397,43 +451,35 @@ void rms_fwd(const RmsFwd& a) {
   const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
+  std::vector<float> split(kPairs<T> ? n : 0);  // w as ld_pair reads it
+  if constexpr (kPairs<T>) split_pairs(wv, split.data(), n);
+  const float* ws = kPairs<T> ? split.data() : wv;
+  const bool guard = !(nan_free(a.w, n) && !std::isnan(a.eps));
+  const auto rstd = [&](float ss) { return 1.0f / std::sqrt(ss * inv_n + static_cast<float>(a.eps)); };
   at::parallel_for(0, m, row_grain(n), [&](int64_t begin, int64_t end) {
-    Scratch<T> sc(n + kTile, std::is_same_v<T, float> ? 0 : std::max(kTile, n));  // the sum row, a y tile
-    float* tile = sc.f.data() + n;
+    // Per thread: the sum row as float (with a residual), the streamed y row (as Y).
+    constexpr bool yf = std::is_same_v<Y, float>;
+    Scratch<T> sc(n + (yf && stream ? n : 0), !yf && stream ? n : 0);
+    Y* tile;
+    if constexpr (yf) tile = sc.f.data() + n; else tile = sc.t.data();
     for (int64_t i = begin; i < end; ++i) {
-      if constexpr (!std::is_same_v<T, float>) {
-        if (!rp) {  // a 16-bit row without residual: read in registers twice, no float copy
-          const T* x = xp + i * n;
-          const T* nx = i + kPrefetchRows < end ? x + kPrefetchRows * n : nullptr;
-          const float r = 1.0f / std::sqrt(row_sumsq(x, n) * inv_n + static_cast<float>(a.eps));
-          a.rstd[i] = r;
-          if (!stream) {
-            rms_out<T>(round_n, r, x, yp + i * n, wv, n, nx);
-            continue;
-          }
-          for (int64_t j0 = 0; j0 < n; j0 += kTile) {  // streamed: float tiles, then non-temporal stores
-            const int64_t len = std::min(kTile, n - j0);
-            rms_out<T>(round_n, r, x + j0, tile, wv + j0, len, nx ? nx + j0 : nullptr);
-            commit_y<T>(tile, yp + i * n + j0, len, stream, sc.t.data());
-          }
-          continue;
-        }
+      const bool next = i + kPrefetchRows < end;
+      Y* yr = yp + i * n;
+      Y* y = stream ? tile : yr;
+      Y* ny = !stream && next ? yr + kPrefetchRows * n : nullptr;
+      float r;
+      if (!rp) {  // x itself (a 16-bit row is read in registers twice, no float copy)
+        const T* x = xp + i * n;
+        r = rstd(row_sumsq(x, n));
+        rms_out<T>(guard, round_n, r, x, y, wv, ws, n, next ? x + kPrefetchRows * n : nullptr, ny);
+      } else {  // the add computed sum(s^2) already
+        float ss = 0.f;
+        const float* s = input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, &ss);
+        r = rstd(ss);
+        rms_out<T>(guard, round_n, r, s, y, wv, ws, n, static_cast<const float*>(nullptr), ny);
       }
-      float ss = 0.f;
-      const float* xr = input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, &ss);
-      if (!rp) ss = row_sumsq(xr, n);  // with a residual the add computed sum(s^2) already
-      const float r = 1.0f / std::sqrt(ss * inv_n + static_cast<float>(a.eps));
       a.rstd[i] = r;
-      if (!stream) {  // y written directly (16-bit rows: converted in registers, no float tile)
-        rms_out<T>(round_n, r, xr, yp + i * n, wv, n, static_cast<const float*>(nullptr));
-        continue;
-      }
-      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
-        const int64_t len = std::min(kTile, n - j0);
-        float* yt = tile_for<Y>(yp + i * n + j0, tile, stream);
-        rms_out<T>(round_n, r, xr + j0, yt, wv + j0, len, static_cast<const float*>(nullptr));
-        commit_y<T>(yt, yp + i * n + j0, len, stream, sc.t.data());
-      }
+      if (stream) stream_copy(yr, tile, n * static_cast<int64_t>(sizeof(Y)));
     }
     if (stream || rp) fence();
   });
@@ -446,11 +492,12 @@ void rms_fwd(const RmsFwd& a) {
 // weight saw it in the forward; FIN: the row is finite (finite_row), the rounding skips its NaN guard.
 template <typename T, bool A, bool NH, bool FIN, typename D, typename G>
 inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw, float r,
-                        float c1, int64_t n, const T* nx, const G* ndy) {
+                        float c1, int64_t n, const T* nx, const G* ndy, D* ndx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
     prefetch_cols<G>(ndy, j0, j1 - j0);
+    if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ndx, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
     for (; j + kW <= j1; j += kW) {
       const vf d = ldv(dy + j), xv = ldv(x + j);
@@ -483,10 +530,10 @@ inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D*
 // through T (round_n) unguarded on finite rows.
 template <typename T, bool A, typename D, typename G>
 inline void rms_bwd_pick(bool round_n, const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw,
-                         float r, float c1, int64_t n, const T* nx, const G* ndy) {
-  if (!round_n) rms_bwd_row<T, A, false, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy);
-  else if (finite_row(r)) rms_bwd_row<T, A, true, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy);
-  else rms_bwd_row<T, A, true, false>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy);
+                         float r, float c1, int64_t n, const T* nx, const G* ndy, D* ndx) {
+  if (!round_n) rms_bwd_row<T, A, false, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
+  else if (finite_row(r)) rms_bwd_row<T, A, true, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
+  else rms_bwd_row<T, A, true, false>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
 }
 
 // G = float on 16-bit rows: the gradient of rms_fwd<T, float>'s promoted output.
@@ -519,15 +566,15 @@ void rms_bwd(const RmsBwd& a) {
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const G* ndy = ip < i1 ? dyp + ip * n : nullptr;
-        auto row = [&](auto* dx) {
-          if (da) rms_bwd_pick<T, true>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
-          else rms_bwd_pick<T, false>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy);
+        auto row = [&](auto* dx, auto* ndx) {
+          if (da) rms_bwd_pick<T, true>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy, ndx);
+          else rms_bwd_pick<T, false>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy, ndx);
         };
         if (stream) {
-          row(tile);
+          row(tile, static_cast<float*>(nullptr));
           commit<T>(tile, dxp + i * n, n, stream, sc.t.data());
         } else {
-          row(dxp + i * n);
+          row(dxp + i * n, nx ? dxp + ip * n : nullptr);
         }
       }
       if (a.dw) flush_block(pw, dw_part.data() + c * n, n);

@@ -105,6 +105,63 @@ inline float hsum(vf v) {
   return t[0];
 }
 
+// ---------------------------------------------------------------- bf16 in even/odd pairs
+// 2 kW bf16 elements as two float vectors, the even-indexed and the odd-indexed ones: one load, a
+// shift (the even elements up into the high halves of the 32-bit lanes) and an and (the odd ones
+// are there already). st_pair rounds both and merges them with a shift and an or. ldv/stv spend
+// a widening load and a shift, and a lane-crossing pack and a store, on each kW elements, which
+// made a bf16 LayerNorm forward bound by its conversions (AVX2: ~24 instructions per 8 outputs).
+// Reductions do not care about the order; the column operands (weight, bias) are read in the same
+// order from a copy split once per call (split_pairs). Every ISA copy, no intrinsics.
+template <typename T>
+inline constexpr bool kPairs = std::is_same_v<T, c10::BFloat16>;
+
+inline void ld_pair(const c10::BFloat16* p, vf& ev, vf& od) {
+  vu u;
+  std::memcpy(&u, p, sizeof(u));
+  const vu e = u << 16, o = u & 0xffff0000u;
+  std::memcpy(&ev, &e, sizeof(ev));
+  std::memcpy(&od, &o, sizeof(od));
+}
+
+// v's bf16 bits (round to nearest even) in the high half of each lane; the low half is garbage.
+// GUARD keeps a NaN NaN whatever its payload; without it, a NaN whose low 16 bits are zero (one
+// widened from bf16, or the default NaN arithmetic makes) still rounds to itself, and only such
+// NaNs can reach the store when no fp32 operand (weight, bias, eps) is NaN (see nan_free).
+template <bool GUARD>
+inline vu round_hi(vf v) {
+  vu u;
+  std::memcpy(&u, &v, sizeof(u));
+  const vu r = u + 0x7fffu + ((u >> 16) & 1u);
+  if constexpr (!GUARD) return r;
+  const vu nan = reinterpret_cast<vu>((u & 0x7fffffffu) > 0x7f800000u);
+  return (r & ~nan) | ((u | 0x400000u) & nan);
+}
+
+template <bool GUARD>
+inline void st_pair(c10::BFloat16* p, vf ev, vf od) {
+  const vu bits = (round_hi<GUARD>(ev) >> 16) | (round_hi<GUARD>(od) & 0xffff0000u);
+  std::memcpy(p, &bits, sizeof(bits));
+}
+
+// Columns of a float row regrouped as ld_pair reads them: each whole block of 2 kW columns becomes
+// its kW even columns then its kW odd ones; the remaining columns stay in place.
+inline void split_pairs(const float* w, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) {
+    for (int k = 0; k < kW; ++k) out[j + k] = w[j + 2 * k], out[j + kW + k] = w[j + 2 * k + 1];
+  }
+  for (; j < n; ++j) out[j] = w[j];
+}
+
+// No NaN among n floats (null: none): then bf16 rounding needs no NaN guard (round_hi).
+inline bool nan_free(const float* w, int64_t n) {
+  if (!w) return true;
+  bool bad = false;
+  for (int64_t j = 0; j < n; ++j) bad |= w[j] != w[j];
+  return !bad;
+}
+
 // ---------------------------------------------------------------- conversions and stores
 // Bulk conversions of a row (ldv/stv per vector, the same rounding element for element).
 template <typename T>
@@ -208,17 +265,7 @@ struct Scratch {
   Scratch(int64_t floats, int64_t ts) : f(floats), t(ts) {}
 };
 
-// Where to compute an output tile: in place (float, not streamed) or in `tile`.
-template <typename T>
-inline float* tile_for(T* dst, float* tile, bool stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    return stream ? tile : dst;
-  } else {
-    return tile;
-  }
-}
-
-// Write a computed float tile (from tile_for) to dst: convert, and stream when asked.
+// Write a computed float tile to dst: convert, and stream when asked.
 template <typename T>
 inline void commit(const float* tile, T* dst, int64_t n, bool stream, T* tbuf) {
   if constexpr (std::is_same_v<T, float>) {
@@ -247,4 +294,17 @@ inline void prefetch_cols(const T* row, int64_t j, int64_t len) {
   const char* p = reinterpret_cast<const char*>(row + j);
   const int64_t bytes = len * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+}
+
+// The same for the next output row (null: none, e.g. a streamed output), prefetched for writing
+// (prefetchw: the lines arrive owned, so the stores of the next row do not wait for the
+// read-for-ownership). Float outputs only: 1 thread on the AVX2 EPYC, fp32 LayerNorm 4096x768
+// forward 1.18x -> 1.40x ATen and RMSNorm 30% faster; the 16-bit loops are bound by their
+// conversions, not by memory, and ran 2% slower with it.
+template <typename T>
+inline void prefetch_cols_w(T* row, int64_t j, int64_t len) {
+  if (!row) return;
+  char* p = reinterpret_cast<char*>(row + j);
+  const int64_t bytes = len * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 1, 2);
 }

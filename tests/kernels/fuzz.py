@@ -42,7 +42,8 @@ import torch
 
 import kernels
 from kernels.registry import KERNELS
-from tests.kernels.numerics import DTYPES, fwd_bwd, make, max_err, poisoned, to_f64, with_nonfinite
+from tests.kernels.numerics import (DTYPES, fwd_bwd, make, max_err, poisoned, to_f64, upstream_grad,
+                                   with_nonfinite)
 
 MAX_NUMEL = 1 << 15  # per tensor: keeps a case in milliseconds on one core
 LEAD_SIZES = (1, 1, 2, 3, 5, 7, 16, 33)
@@ -60,6 +61,9 @@ class Case:
     kwargs: dict = field(default_factory=dict)
     what: str = ""
     factor: float = 2.0  # the error bar: factor x the larger of eager's and ATen's error
+    # input index -> the size of the terms its gradient is a difference of, where that exceeds the
+    # gradient itself (atol is in eps of that size: the rounding of those terms is what is left)
+    grad_scale: dict = field(default_factory=dict)
 
     def check(self) -> list[str]:
         return check_case(self)
@@ -169,7 +173,24 @@ def _norm_case(d: Draw, name: str) -> Case:
             kwargs["casting"] = casting
     # Rows of 1-2 elements normalise to +-1 whatever x is: the input gradient is a cancellation of
     # terms ~rstd, and any two orders of summing them differ by several times eager's error there.
-    return Case(name, inputs, kwargs, factor=8.0 if n <= 2 else 2.0)
+    if n > 2:
+        return Case(name, inputs, kwargs)
+    scale = _norm_grad_scale(inputs, name, kwargs.get("offset", 0.0))
+    grads_of = (0, 1) if name.startswith("add_") else (0,)  # x's and the residual's
+    return Case(name, inputs, kwargs, factor=8.0, grad_scale={i: scale for i in grads_of})
+
+
+def _norm_grad_scale(inputs: list, name: str, offset: float) -> float:
+    """max rstd x |w| x |dy| over the rows: the size of the terms a 1-2 element row's input gradient
+    cancels down from (rstd (dy w - x_hat mean(dy w x_hat)) with x_hat = +-1), float64."""
+    x = inputs[0].double() + (inputs[1].double() if name.startswith("add_") else 0.0)
+    w, eps = inputs[-2 if name.endswith("rms_norm") else -3], inputs[-1]
+    stat = x.var(-1, unbiased=False) if name.endswith("layer_norm") else x.square().mean(-1)
+    rstd = (stat + eps).rsqrt()
+    wmax = float((w.double() + offset).abs().max()) if w is not None else 1.0
+    g = upstream_grad(x, 0).abs().amax(-1)
+    big = (rstd * g)[(rstd * g).isfinite()]
+    return float(big.max()) * wmax if big.numel() else 1.0
 
 
 for _name in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"):
@@ -325,12 +346,13 @@ def _nonfinite_like(x: torch.Tensor, ref: torch.Tensor) -> bool:
 
 
 def judge(ours: tuple, eager: tuple, truth: tuple, dtype: torch.dtype, baseline: Optional[tuple] = None, *,
-          factor: float = 2.0, atol_eps: float = 16.0) -> list[str]:
+          factor: float = 2.0, atol_eps: float = 16.0, scales: Optional[dict] = None) -> list[str]:
     """Problems of `ours` against the float64 `truth` ([] when none), in numerics.assert_matches's
     terms with two allowances: non-finite positions may follow the truth's or eager's (the same op
     in the same dtype overflows where float64 does not, and ATen's vector and scalar paths differ
     on gelu(-inf)), and the error bar is factor x the larger of eager's and the `baseline`'s (ATen's
-    fused op, the alternative a user picks: its reductions are not eager's pairwise sums)."""
+    fused op, the alternative a user picks: its reductions are not eager's pairwise sums). atol is
+    in eps of max(1, |truth|, scales[i]): scales gives a result's cancelled terms' size."""
     if len(ours) != len(truth):
         return [f"{len(ours)} results, the reference has {len(truth)}"]
     problems = []
@@ -361,7 +383,7 @@ def judge(ours: tuple, eager: tuple, truth: tuple, dtype: torch.dtype, baseline:
             bar = max(bar, max_err(b[at], t[at]))
         err = max_err(o[both], t[both])
         unit = max(torch.finfo(dtype).eps, torch.finfo(o.dtype).eps)  # an fp16 input's gradient is fp16
-        atol = atol_eps * unit * max(1.0, float(t[both].abs().max()))
+        atol = atol_eps * unit * max(1.0, float(t[both].abs().max()), (scales or {}).get(i, 0.0))
         if not err <= factor * bar + atol:
             problems.append(f"result {i} ({str(o.dtype)[6:]}, {tuple(o.shape)}): error {err:.3g} against float64 > "
                             f"{factor} x {bar:.3g} (eager{' / aten' if b is not None else ''}) + atol {atol:.3g}")
@@ -390,6 +412,8 @@ def check_case(case: Case) -> list[str]:
             results[provider] = exc
     aten = results.get("aten")
     baseline = aten if isinstance(aten, tuple) else None
+    first_grad = len(eager) - len(case.inputs) if eager is not None else 0  # results: (*outputs, *grads)
+    scales = {first_grad + k: v for k, v in case.grad_scale.items()}
     problems = []
     for provider, got in results.items():
         if isinstance(got, Exception):
@@ -399,7 +423,7 @@ def check_case(case: Case) -> list[str]:
             problems.append(f"{provider}: ran where eager raises")
         elif provider != "aten":  # ATen's fused op is the baseline, not under test (only its raises)
             problems += [f"{provider}: {p}" for p in judge(got, eager, truth, case.judged_dtype(), baseline,
-                                                           factor=case.factor)]
+                                                           factor=case.factor, scales=scales)]
     return problems
 
 
