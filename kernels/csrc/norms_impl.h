@@ -115,6 +115,36 @@ inline float row_add_round_sumsq(const T* x, const T* r, T* sum_out, float* s, i
   return t;
 }
 
+// row_add_round_sumsq for bf16 by even/odd pairs (ld_pair): s comes out in split_pairs order, the
+// order ln_out_row and rms_out_row read a float row in when they write bf16. The rounded sums'
+// floats are their bf16 bits with the low half cleared, so one rounding gives the stored word and
+// s. Unguarded (round_hi<false>): the sum of two bf16 values is a NaN with zero low bits.
+inline float row_add_round_sumsq_pairs(const c10::BFloat16* x, const c10::BFloat16* r, c10::BFloat16* sum_out,
+                                       float* s, int64_t n) {
+  vf a0 = {}, a1 = {};
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) {
+    vf xe, xo, re, ro;
+    ld_pair(x + j, xe, xo), ld_pair(r + j, re, ro);
+    const vu he = round_hi<false>(xe + re) & 0xffff0000u, ho = round_hi<false>(xo + ro) & 0xffff0000u;
+    const vu bits = (he >> 16) | ho;
+    std::memcpy(sum_out + j, &bits, sizeof(bits));
+    vf se, so;
+    std::memcpy(&se, &he, sizeof(se));
+    std::memcpy(&so, &ho, sizeof(so));
+    st(s + j, se);
+    st(s + j + kW, so);
+    a0 += se * se, a1 += so * so;
+  }
+  float t = hsum(a0 + a1);
+  for (; j < n; ++j) {
+    st1(sum_out + j, ld1(x + j) + ld1(r + j));
+    s[j] = ld1(sum_out + j);
+    t += s[j] * s[j];
+  }
+  return t;
+}
+
 // sum(x^2), x a row of float or of a 16-bit type (converted in registers)
 template <typename S>
 inline float row_sumsq(const S* x, int64_t n) {
@@ -181,8 +211,9 @@ inline float row_dot3(const G* dy, const float* w, const S* x, int64_t n) {
 
 // Row i of x (+ residual, rounded through T like eager `x + residual`) as float; writes the sum
 // row when a residual is given. With a residual, ss_out (when given) receives sum(s^2): the add
-// and the RMS reduction in one pass; otherwise ss_out is left alone.
-template <typename T>
+// and the RMS reduction in one pass; otherwise ss_out is left alone. SPLIT (bf16 with a residual,
+// for a bf16 output): the float row comes in split_pairs order (row_add_round_sumsq_pairs).
+template <typename T, bool SPLIT = false>
 inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, int64_t n, float* buf,
                               bool stream, float* ss_out) {
   if (!res) return as_f32<T>(x + i * n, buf, n);
@@ -195,7 +226,9 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
     if (stream) stream_copy(sum_out + i * n, s, n * 4);
     return s;
   } else {  // the rounded sum: the output, and what eager's norm reads
-    const float ss = row_add_round_sumsq<T>(x + i * n, res + i * n, sum_out + i * n, buf, n);
+    float ss;
+    if constexpr (SPLIT) ss = row_add_round_sumsq_pairs(x + i * n, res + i * n, sum_out + i * n, buf, n);
+    else ss = row_add_round_sumsq<T>(x + i * n, res + i * n, sum_out + i * n, buf, n);
     if (ss_out) *ss_out = ss;
     return buf;
   }
@@ -205,7 +238,8 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
 // y = (x - mu) * r * w + b over columns [0, n) of a row: x of type S (float, or T read and
 // converted in registers), y stored as D (T, or a float tile), while the next row (nx, and the
 // residual nr) is prefetched, and the next output row ny for writing. A bf16 row into a bf16 row
-// goes by even/odd pairs (ld_pair), with ws, bs the weight and bias split to match (split_pairs);
+// goes by even/odd pairs (ld_pair), with ws, bs the weight and bias split to match (split_pairs),
+// and so does a float row into a bf16 row: that is always input_row's split sum row;
 // GUARD: the bf16 rounding keeps any NaN payload (round_hi).
 template <bool GUARD, typename S, typename D, typename T>
 inline void ln_out_row(const S* x, D* y, const float* w, const float* b, const float* ws, const float* bs,
@@ -221,6 +255,11 @@ inline void ln_out_row(const S* x, D* y, const float* w, const float* b, const f
         vf e, o;
         ld_pair(x + j, e, o);
         st_pair<GUARD>(y + j, (e - mu) * r * ld(ws + j) + ld(bs + j), (o - mu) * r * ld(ws + j + kW) + ld(bs + j + kW));
+      }
+    } else if constexpr (std::is_same_v<S, float> && kPairs<D>) {  // x: input_row<T, true>'s split row
+      for (; j + 2 * kW <= j1; j += 2 * kW) {
+        st_pair<GUARD>(y + j, (ld(x + j) - mu) * r * ld(ws + j) + ld(bs + j),
+                       (ld(x + j + kW) - mu) * r * ld(ws + j + kW) + ld(bs + j + kW));
       }
     }
     for (; j + kW <= j1; j += kW) stv(y + j, (ldv(x + j) - mu) * r * ld(w + j) + ld(b + j));
@@ -271,7 +310,7 @@ void ln_fwd(const LnFwd& a) {
         if (stream) stream_copy(yr, tile, n * static_cast<int64_t>(sizeof(T)));
       };
       if (rp) {
-        stats_and_out(input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, nullptr));
+        stats_and_out(input_row<T, kPairs<T>>(xp, rp, sp, i, n, sc.f.data(), stream, nullptr));
       } else {
         stats_and_out(xp + i * n);
       }
@@ -377,7 +416,8 @@ void ln_bwd(const LnBwd& a) {
 // registers, or a float row), y stored as D (T or float), while the next row nx and the next
 // output row ny (or none) are prefetched (as ln_out_row). FIN: the row is finite (so is x * r):
 // the rounding skips its NaN guard. A bf16 row into a bf16 row goes by even/odd pairs with ws the
-// weight split to match, as ln_out_row; GUARD: their stores keep any NaN payload.
+// weight split to match, as ln_out_row, and so does a float row (input_row's split sum row) into a
+// bf16 row; GUARD: their stores keep any NaN payload.
 template <typename T, bool RN, bool FIN, bool GUARD, typename S, typename D>
 inline void rms_out_row(const S* x, D* y, const float* w, const float* ws, float r, int64_t n, const S* nx,
                         D* ny) {
@@ -386,10 +426,11 @@ inline void rms_out_row(const S* x, D* y, const float* w, const float* ws, float
     prefetch_cols<S>(nx, j0, j1 - j0);
     if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ny, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
-    if constexpr (kPairs<S> && std::is_same_v<S, D>) {
+    if constexpr ((kPairs<S> && std::is_same_v<S, D>) || (std::is_same_v<S, float> && kPairs<D>)) {
       for (; j + 2 * kW <= j1; j += 2 * kW) {
         vf e, o;
-        ld_pair(x + j, e, o);
+        if constexpr (kPairs<S>) ld_pair(x + j, e, o);
+        else e = ld(x + j), o = ld(x + j + kW);
         e *= r, o *= r;
         if constexpr (RN) {
           e = FIN ? round_v_finite<T>(e) : round_v<T>(e);
@@ -474,7 +515,7 @@ void rms_fwd(const RmsFwd& a) {
         rms_out<T>(guard, round_n, r, x, y, wv, ws, n, next ? x + kPrefetchRows * n : nullptr, ny);
       } else {  // the add computed sum(s^2) already
         float ss = 0.f;
-        const float* s = input_row<T>(xp, rp, sp, i, n, sc.f.data(), stream, &ss);
+        const float* s = input_row<T, kPairs<T> && std::is_same_v<Y, T>>(xp, rp, sp, i, n, sc.f.data(), stream, &ss);
         r = rstd(ss);
         rms_out<T>(guard, round_n, r, s, y, wv, ws, n, static_cast<const float*>(nullptr), ny);
       }
