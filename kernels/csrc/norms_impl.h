@@ -170,12 +170,23 @@ inline float row_sumsq(const S* x, int64_t n) {
   return t;
 }
 
-// g = dy * w (stored, rounded once), returns {sum(g * (x - mu)), sum(g)}.
+// g = dy * w (stored, rounded once), returns {sum(g * (x - mu)), sum(g)}. bf16 rows go by pairs:
+// w is then the split weight and g comes out split.
 template <typename S>
 inline void row_ln_bwd_sums(const S* dy, const float* w, const S* x, float mu, float* g, int64_t n,
                             float* s_gx, float* s_g) {
   vf a0 = {}, a1 = {}, b0 = {}, b1 = {};
   int64_t j = 0;
+  if constexpr (kPairs<S>) {  // w and g in split order
+    for (; j + 2 * kW <= n; j += 2 * kW) {
+      vf d0, d1, x0, x1;
+      ld_pair(dy + j, d0, d1), ld_pair(x + j, x0, x1);
+      const vf g0 = d0 * ld(w + j), g1 = d1 * ld(w + j + kW);
+      st(g + j, g0), st(g + j + kW, g1);
+      a0 += g0 * (x0 - mu), a1 += g1 * (x1 - mu);
+      b0 += g0, b1 += g1;
+    }
+  }
   for (; j + 2 * kW <= n; j += 2 * kW) {
     const vf g0 = ldv(dy + j) * ld(w + j), g1 = ldv(dy + j + kW) * ld(w + j + kW);
     std::memcpy(g + j, &g0, sizeof(g0));
@@ -192,11 +203,19 @@ inline void row_ln_bwd_sums(const S* dy, const float* w, const S* x, float mu, f
   *s_gx = ta, *s_g = tb;
 }
 
-// sum(dy * w * x); dy may be float on 16-bit rows (llama casting's promoted output)
+// sum(dy * w * x); dy may be float on 16-bit rows (llama casting's promoted output). bf16 dy and
+// x go by pairs, with w the split weight.
 template <typename G, typename S>
 inline float row_dot3(const G* dy, const float* w, const S* x, int64_t n) {
   vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
+  if constexpr (kPairs<G> && kPairs<S>) {  // w split
+    for (; j + 2 * kW <= n; j += 2 * kW) {
+      vf d0, d1, x0, x1;
+      ld_pair(dy + j, d0, d1), ld_pair(x + j, x0, x1);
+      a0 += d0 * ld(w + j) * x0, a1 += d1 * ld(w + j + kW) * x1;
+    }
+  }
   for (; j + 4 * kW <= n; j += 4 * kW) {
     a0 += ldv(dy + j) * ld(w + j) * ldv(x + j);
     a1 += ldv(dy + j + kW) * ld(w + j + kW) * ldv(x + j + kW);
@@ -329,8 +348,9 @@ void ln_fwd(const LnFwd& a) {
 // at N = 768: measured 1.4-2x slower at 4096x768, see kernels_norms_cpu.md.)
 // Pass 2 of one row. xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) [+ da];
 // pw += dy * xhat; pb += dy. x, dy, da: rows of T (converted in registers); dx: T, or a float
-// tile to be streamed out; nx, ndy: rows to prefetch (null: none).
-template <typename T, typename D, bool A>
+// tile to be streamed out; nx, ndy: rows to prefetch (null: none). bf16 rows go by pairs, with g,
+// pw and pb in split order; GUARD: the dx stores keep any NaN payload (round_hi).
+template <typename T, typename D, bool A, bool GUARD>
 inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* dx, float* pw, float* pb,
                        float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy, D* ndx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
@@ -339,6 +359,22 @@ inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* 
     prefetch_cols<T>(ndy, j0, j1 - j0);
     if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ndx, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
+    if constexpr (kPairs<T> && std::is_same_v<D, T>) {
+      for (; j + 2 * kW <= j1; j += 2 * kW) {
+        vf x0, x1, d0, d1;
+        ld_pair(x + j, x0, x1), ld_pair(dy + j, d0, d1);
+        const vf h0 = (x0 - mu) * r, h1 = (x1 - mu) * r;
+        vf o0 = r * (ld(g + j) - c2 - h0 * c1), o1 = r * (ld(g + j + kW) - c2 - h1 * c1);
+        if constexpr (A) {
+          vf a0, a1;
+          ld_pair(da + j, a0, a1);
+          o0 += a0, o1 += a1;
+        }
+        st_pair<GUARD>(dx + j, o0, o1);
+        st(pw + j, ld(pw + j) + d0 * h0), st(pw + j + kW, ld(pw + j + kW) + d1 * h1);
+        st(pb + j, ld(pb + j) + d0), st(pb + j + kW, ld(pb + j + kW) + d1);
+      }
+    }
     for (; j + kW <= j1; j += kW) {
       const vf xh = (ldv(x + j) - mu) * r, d = ldv(dy + j);
       vf o = r * (ld(g + j) - c2 - xh * c1);
@@ -370,11 +406,18 @@ void ln_bwd(const LnBwd& a) {
   std::vector<double> dw_part(a.dw ? nchunks * n : 0, 0.0), db_part(a.db ? nchunks * n : 0, 0.0);
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
+  std::vector<float> split(kPairs<T> ? n : 0);  // w as ld_pair reads it; g, pw, pb follow
+  if constexpr (kPairs<T>) split_pairs(wv, split.data(), n);
+  const float* ws = kPairs<T> ? split.data() : wv;
+  const bool nan_w = !nan_free(a.w, n);
   const bool stream = a.stream;
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    // Per thread: g = dy * w, the streamed dx tile, scratch partials for grads nobody asked for.
-    Scratch<T> sc(4 * n, stream && !std::is_same_v<T, float> ? n : 0);
-    float *g = sc.f.data(), *tile = g + n, *pw = g + 2 * n, *pb = g + 3 * n;  // pw, pb: block sums
+    // Per thread: g = dy * w, the streamed dx tile (as T), scratch partials for grads nobody asked for.
+    constexpr bool f32 = std::is_same_v<T, float>;
+    Scratch<T> sc(f32 ? 4 * n : 3 * n, !f32 && stream ? n : 0);
+    float *g = sc.f.data(), *pw = g + n, *pb = g + 2 * n;  // pw, pb: block sums
+    T* tile;
+    if constexpr (f32) tile = g + 3 * n; else tile = sc.t.data();
     for (int64_t c = cbegin; c < cend; ++c) {
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
@@ -387,28 +430,30 @@ void ln_bwd(const LnBwd& a) {
         // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
         // where it should be (e.g. N = 1) even when the compiler contracts into FMAs.
         float s_gx, s_g;
-        row_ln_bwd_sums(dy, wv, x, mu, g, n, &s_gx, &s_g);
+        row_ln_bwd_sums(dy, ws, x, mu, g, n, &s_gx, &s_g);
         const float c1 = s_gx * r * inv_n, c2 = s_g * inv_n;
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
-        if (stream) {
-          da ? ln_bwd_row<T, float, true>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy, nullptr)
-             : ln_bwd_row<T, float, false>(x, dy, g, da, tile, pw, pb, mu, r, c1, c2, n, nx, ndy, nullptr);
-          commit<T>(tile, dxp + i * n, n, stream, sc.t.data());
-        } else {
-          T* ndx = nx ? dxp + ip * n : nullptr;
-          da ? ln_bwd_row<T, T, true>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy, ndx)
-             : ln_bwd_row<T, T, false>(x, dy, g, da, dxp + i * n, pw, pb, mu, r, c1, c2, n, nx, ndy, ndx);
-        }
+        T* dx = stream ? tile : dxp + i * n;
+        T* ndx = !stream && nx ? dxp + ip * n : nullptr;
+        // A NaN that can carry its payload's low bits into dx: from w, or from eps through mu / r.
+        const bool guard = nan_w || std::isnan(mu) || std::isnan(r);
+        auto run = [&](auto has_da, auto guarded) {
+          ln_bwd_row<T, T, decltype(has_da)::value, decltype(guarded)::value>(x, dy, g, da, dx, pw, pb, mu, r, c1,
+                                                                              c2, n, nx, ndy, ndx);
+        };
+        if (da) guard ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
+        else guard ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+        if (stream) stream_copy(dxp + i * n, tile, n * static_cast<int64_t>(sizeof(T)));
       }
       if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
       if (a.db) flush_block(pb, db_part.data() + c * n, n);
     }
     if (stream) fence();
   });
-  if (a.dw) reduce_partials(dw_part.data(), nchunks, n, a.dw);
-  if (a.db) reduce_partials(db_part.data(), nchunks, n, a.db);
+  if (a.dw) reduce_partials_to(dw_part.data(), nchunks, n, a.dw, kPairs<T>);
+  if (a.db) reduce_partials_to(db_part.data(), nchunks, n, a.db, kPairs<T>);
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -531,7 +576,7 @@ void rms_fwd(const RmsFwd& a) {
 // blocks spilled L1 at N = 768). dx = r * (dy * w - x * c1) [+ da]; pw += dy * x * r, or with NH
 // (HF llama casting of 16-bit rows) pw += dy * n_hat with n_hat = x * r rounded through T, as the
 // weight saw it in the forward; FIN: the row is finite (finite_row), the rounding skips its NaN guard.
-template <typename T, bool A, bool NH, bool FIN, typename D, typename G>
+template <typename T, bool A, bool NH, bool FIN, bool GUARD, typename D, typename G>
 inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw, float r,
                         float c1, int64_t n, const T* nx, const G* ndy, D* ndx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
@@ -540,6 +585,25 @@ inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D*
     prefetch_cols<G>(ndy, j0, j1 - j0);
     if constexpr (std::is_same_v<D, float>) prefetch_cols_w(ndx, j0, j1 - j0);  // see prefetch_cols_w
     int64_t j = j0;
+    if constexpr (kPairs<T> && std::is_same_v<G, T> && std::is_same_v<D, T>) {  // w, pw split
+      for (; j + 2 * kW <= j1; j += 2 * kW) {
+        vf x0, x1, d0, d1;
+        ld_pair(x + j, x0, x1), ld_pair(dy + j, d0, d1);
+        vf o0 = r * (d0 * ld(w + j) - x0 * c1), o1 = r * (d1 * ld(w + j + kW) - x1 * c1);
+        if constexpr (A) {
+          vf a0, a1;
+          ld_pair(da + j, a0, a1);
+          o0 += a0, o1 += a1;
+        }
+        st_pair<GUARD>(dx + j, o0, o1);
+        if constexpr (NH) {
+          st(pw + j, ld(pw + j) + d0 * (FIN ? round_v_finite<T>(x0 * r) : round_v<T>(x0 * r)));
+          st(pw + j + kW, ld(pw + j + kW) + d1 * (FIN ? round_v_finite<T>(x1 * r) : round_v<T>(x1 * r)));
+        } else {
+          st(pw + j, ld(pw + j) + d0 * x0 * r), st(pw + j + kW, ld(pw + j + kW) + d1 * x1 * r);
+        }
+      }
+    }
     for (; j + kW <= j1; j += kW) {
       const vf d = ldv(dy + j), xv = ldv(x + j);
       vf o = r * (d * ld(w + j) - xv * c1);
@@ -568,13 +632,13 @@ inline void rms_bwd_row(const T* x, const G* dy, const T* da, const float* w, D*
 }
 
 // rms_bwd_row for a row with rstd r, as rms_out picks rms_out_row: llama's rounding of n_hat
-// through T (round_n) unguarded on finite rows.
-template <typename T, bool A, typename D, typename G>
+// through T (round_n) unguarded on finite rows; GUARD as ln_bwd_row's.
+template <typename T, bool A, bool GUARD, typename D, typename G>
 inline void rms_bwd_pick(bool round_n, const T* x, const G* dy, const T* da, const float* w, D* dx, float* pw,
                          float r, float c1, int64_t n, const T* nx, const G* ndy, D* ndx) {
-  if (!round_n) rms_bwd_row<T, A, false, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
-  else if (finite_row(r)) rms_bwd_row<T, A, true, true>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
-  else rms_bwd_row<T, A, true, false>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
+  if (!round_n) rms_bwd_row<T, A, false, true, GUARD>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
+  else if (finite_row(r)) rms_bwd_row<T, A, true, true, GUARD>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
+  else rms_bwd_row<T, A, true, false, GUARD>(x, dy, da, w, dx, pw, r, c1, n, nx, ndy, ndx);
 }
 
 // G = float on 16-bit rows: the gradient of rms_fwd<T, float>'s promoted output.
@@ -591,11 +655,19 @@ void rms_bwd(const RmsBwd& a) {
   const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
+  constexpr bool split = kPairs<T> && std::is_same_v<G, T>;  // bf16 rows by pairs: w and pw split
+  std::vector<float> wsplit(split ? n : 0);
+  if constexpr (split) split_pairs(wv, wsplit.data(), n);
+  const float* ws = split ? wsplit.data() : wv;
+  const bool nan_w = !nan_free(a.w, n);
   const bool stream = a.stream;
   at::parallel_for(0, nchunks, 1, [&](int64_t cbegin, int64_t cend) {
-    // Per thread: the streamed dx tile, a scratch partial for a weight grad nobody asked for.
-    Scratch<T> sc(2 * n, stream && !std::is_same_v<T, float> ? n : 0);
-    float *tile = sc.f.data(), *pw = tile + n;  // pw: the block sum (see kGradBlockRows)
+    // Per thread: the streamed dx tile (as T), a scratch partial for a weight grad nobody asked for.
+    constexpr bool f32 = std::is_same_v<T, float>;
+    Scratch<T> sc(f32 ? 2 * n : n, !f32 && stream ? n : 0);
+    float* pw = sc.f.data();  // the block sum (see kGradBlockRows)
+    T* tile;
+    if constexpr (f32) tile = pw + n; else tile = sc.t.data();
     for (int64_t c = cbegin; c < cend; ++c) {
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
@@ -603,26 +675,26 @@ void rms_bwd(const RmsBwd& a) {
         const T *x = xp + i * n, *da = dap ? dap + i * n : nullptr;
         const G* dy = dyp + i * n;
         const float r = a.rstd[i];
-        const float c1 = row_dot3(dy, wv, x, n) * r * r * inv_n;  // mean(dn * n_hat) / rstd
+        const float c1 = row_dot3(dy, ws, x, n) * r * r * inv_n;  // mean(dn * n_hat) / rstd
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const G* ndy = ip < i1 ? dyp + ip * n : nullptr;
-        auto row = [&](auto* dx, auto* ndx) {
-          if (da) rms_bwd_pick<T, true>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy, ndx);
-          else rms_bwd_pick<T, false>(round_n, x, dy, da, wv, dx, pw, r, c1, n, nx, ndy, ndx);
+        T* dx = stream ? tile : dxp + i * n;
+        T* ndx = !stream && nx ? dxp + ip * n : nullptr;
+        const bool guard = nan_w || std::isnan(r);  // as ln_bwd's
+        auto run = [&](auto has_da, auto guarded) {
+          rms_bwd_pick<T, decltype(has_da)::value, decltype(guarded)::value>(round_n, x, dy, da, ws, dx, pw, r, c1,
+                                                                             n, nx, ndy, ndx);
         };
-        if (stream) {
-          row(tile, static_cast<float*>(nullptr));
-          commit<T>(tile, dxp + i * n, n, stream, sc.t.data());
-        } else {
-          row(dxp + i * n, nx ? dxp + ip * n : nullptr);
-        }
+        if (da) guard ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
+        else guard ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+        if (stream) stream_copy(dxp + i * n, tile, n * static_cast<int64_t>(sizeof(T)));
       }
       if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
     }
     if (stream) fence();
   });
-  if (a.dw) reduce_partials(dw_part.data(), nchunks, n, a.dw);
+  if (a.dw) reduce_partials_to(dw_part.data(), nchunks, n, a.dw, split);
 }
 
 // Llama casting with an fp32 weight on 16-bit rows (eager promotes: fp32 weight * T normed): y and

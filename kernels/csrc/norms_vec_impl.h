@@ -154,6 +154,24 @@ inline void split_pairs(const float* w, float* out, int64_t n) {
   for (; j < n; ++j) out[j] = w[j];
 }
 
+// split_pairs undone: out[j] is the column whose value in's split order holds (the weight-gradient
+// rows a bf16 backward accumulated in split order).
+inline void unsplit_pairs(const float* in, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 2 * kW <= n; j += 2 * kW) {
+    for (int k = 0; k < kW; ++k) out[j + 2 * k] = in[j + k], out[j + 2 * k + 1] = in[j + kW + k];
+  }
+  for (; j < n; ++j) out[j] = in[j];
+}
+
+// reduce_partials into out, through split order when `split` (see unsplit_pairs).
+inline void reduce_partials_to(const double* partials, int64_t nchunks, int64_t n, float* out, bool split) {
+  if (!split) return reduce_partials(partials, nchunks, n, out);
+  std::vector<float> tmp(n);
+  reduce_partials(partials, nchunks, n, tmp.data());
+  unsplit_pairs(tmp.data(), out, n);
+}
+
 // No NaN among n floats (null: none): then bf16 rounding needs no NaN guard (round_hi).
 inline bool nan_free(const float* w, int64_t n) {
   if (!w) return true;
@@ -169,13 +187,6 @@ inline void load_f32(const T* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + kW <= n; i += kW) st(dst + i, ldv(src + i));
   for (; i < n; ++i) dst[i] = ld1(src + i);
-}
-
-template <typename T>
-inline void store_from_f32(const float* src, T* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) stv(dst + i, ld(src + i));
-  for (; i < n; ++i) st1(dst + i, src[i]);
 }
 
 // A row as float: the row itself for float, else converted into buf.
@@ -264,19 +275,6 @@ struct Scratch {
   std::vector<T> t;
   Scratch(int64_t floats, int64_t ts) : f(floats), t(ts) {}
 };
-
-// Write a computed float tile to dst: convert, and stream when asked.
-template <typename T>
-inline void commit(const float* tile, T* dst, int64_t n, bool stream, T* tbuf) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (stream) stream_copy(dst, tile, n * 4);
-  } else if (stream) {
-    store_from_f32<T>(tile, tbuf, n);
-    stream_copy(dst, tbuf, n * static_cast<int64_t>(sizeof(T)));
-  } else {
-    store_from_f32<T>(tile, dst, n);
-  }
-}
 
 // ---------------------------------------------------------------- prefetch
 // LayerNorm rows are processed in passes: the first streams the row from memory, the later ones

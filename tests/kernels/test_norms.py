@@ -462,3 +462,34 @@ def test_layer_norm_16bit_rounds_exactly_like_its_fp32_run(isa: str, dtype: torc
     for low, ref in zip(outs[dtype], outs[torch.float32]):
         assert low.dtype == dtype
         assert torch.equal(_bits_with_nan(low), _bits_with_nan(ref.to(dtype)))
+
+
+@pytest.mark.parametrize("bits", [0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001], ids=hex)
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_fp32_weight_nan_payloads_stay_nan_on_bf16_rows(name: str, bits: int) -> None:
+    """bf16 rows are rounded by an integer add that skips its NaN select when no fp32 operand is NaN
+    (a NaN from bf16 data has zero low bits and survives it); a NaN weight whose low bits would
+    carry (0x7FFFFFFF + 0x8000 is -0 as bf16) must take the guarded rounding, forward and backward."""
+    g = torch.Generator().manual_seed(9)
+    m, n = 5, 83  # pairs blocks and a tail at every vector width
+    x = torch.randn(m, n, generator=g).to(torch.bfloat16)
+    w = 1 + 0.1 * torch.randn(n, generator=g)
+    w[[3, 40, 81]] = torch.tensor([bits] * 3, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert bool(w[[3, 40, 81]].isnan().all())
+    args = [x] + ([torch.randn(m, n, generator=g).to(torch.bfloat16)] if name.startswith("add_") else []) + [w]
+    if name.endswith("layer_norm"):
+        args.append(0.1 * torch.randn(n, generator=g))
+    dy = torch.randn(m, n, generator=g).to(torch.bfloat16)
+    fn = getattr(kernels, name)
+    kw = {} if name.endswith("layer_norm") else {"casting": "gemma"}  # gemma: an fp32 weight, a bf16 y
+    got = {}
+    for provider in ("cpu", "reference"):
+        leaves = [t.clone().requires_grad_(True) for t in args]
+        outs = fn(*leaves, 1e-5, provider=provider, **kw)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        y = outs[-1] if name.startswith("add_") else outs[0]
+        got[provider] = (y, *torch.autograd.grad(y, leaves, dy.to(y.dtype)))
+    y, dx = got["cpu"][:2]
+    assert y.dtype == dx.dtype == torch.bfloat16 and bool(y.isnan().any()) and bool(dx.isnan().any())
+    for ours, ref in zip(got["cpu"], got["reference"]):
+        assert torch.equal(ours.isnan(), ref.isnan()), name
