@@ -93,48 +93,33 @@ inline float row_add_sumsq(const float* x, const float* r, float* s, int64_t n) 
 // float, in one pass over the 16-bit rows with the conversions in registers; returns sum(s^2)
 // (free: the RMSNorm needs it, the LayerNorm ignores it). It replaced five passes through L1 (x
 // and r widened into buffers, added, rounded out, read back) and RMSNorm's sixth (the squares).
-template <typename T>
+// SPLIT (bf16): by even/odd pairs (ld_pair), s in split_pairs order, the order ln_out_row and
+// rms_out_row read a float row in when they write bf16. The rounded sums' floats are their bf16
+// bits with the low half cleared, so one rounding gives the stored word and s. Unguarded
+// (round_hi<false>): the sum of two bf16 values is a NaN with zero low bits.
+template <typename T, bool SPLIT = false>
 inline float row_add_round_sumsq(const T* x, const T* r, T* sum_out, float* s, int64_t n) {
   vf a0 = {}, a1 = {};
   int64_t j = 0;
   for (; j + 2 * kW <= n; j += 2 * kW) {
-    const vf v0 = ldv(x + j) + ldv(r + j), v1 = ldv(x + j + kW) + ldv(r + j + kW);
-    stv(sum_out + j, v0);
-    stv(sum_out + j + kW, v1);
-    const vf s0 = round_v<T>(v0), s1 = round_v<T>(v1);
+    vf s0, s1;
+    if constexpr (SPLIT) {
+      vf xe, xo, re, ro;
+      ld_pair(x + j, xe, xo), ld_pair(r + j, re, ro);
+      const vu he = round_hi<false>(xe + re) & 0xffff0000u, ho = round_hi<false>(xo + ro) & 0xffff0000u;
+      const vu bits = (he >> 16) | ho;
+      std::memcpy(sum_out + j, &bits, sizeof(bits));
+      std::memcpy(&s0, &he, sizeof(s0));
+      std::memcpy(&s1, &ho, sizeof(s1));
+    } else {
+      const vf v0 = ldv(x + j) + ldv(r + j), v1 = ldv(x + j + kW) + ldv(r + j + kW);
+      stv(sum_out + j, v0);
+      stv(sum_out + j + kW, v1);
+      s0 = round_v<T>(v0), s1 = round_v<T>(v1);
+    }
     st(s + j, s0);
     st(s + j + kW, s1);
     a0 += s0 * s0, a1 += s1 * s1;
-  }
-  float t = hsum(a0 + a1);
-  for (; j < n; ++j) {
-    st1(sum_out + j, ld1(x + j) + ld1(r + j));
-    s[j] = ld1(sum_out + j);
-    t += s[j] * s[j];
-  }
-  return t;
-}
-
-// row_add_round_sumsq for bf16 by even/odd pairs (ld_pair): s comes out in split_pairs order, the
-// order ln_out_row and rms_out_row read a float row in when they write bf16. The rounded sums'
-// floats are their bf16 bits with the low half cleared, so one rounding gives the stored word and
-// s. Unguarded (round_hi<false>): the sum of two bf16 values is a NaN with zero low bits.
-inline float row_add_round_sumsq_pairs(const c10::BFloat16* x, const c10::BFloat16* r, c10::BFloat16* sum_out,
-                                       float* s, int64_t n) {
-  vf a0 = {}, a1 = {};
-  int64_t j = 0;
-  for (; j + 2 * kW <= n; j += 2 * kW) {
-    vf xe, xo, re, ro;
-    ld_pair(x + j, xe, xo), ld_pair(r + j, re, ro);
-    const vu he = round_hi<false>(xe + re) & 0xffff0000u, ho = round_hi<false>(xo + ro) & 0xffff0000u;
-    const vu bits = (he >> 16) | ho;
-    std::memcpy(sum_out + j, &bits, sizeof(bits));
-    vf se, so;
-    std::memcpy(&se, &he, sizeof(se));
-    std::memcpy(&so, &ho, sizeof(so));
-    st(s + j, se);
-    st(s + j + kW, so);
-    a0 += se * se, a1 += so * so;
   }
   float t = hsum(a0 + a1);
   for (; j < n; ++j) {
@@ -231,7 +216,7 @@ inline float row_dot3(const G* dy, const float* w, const S* x, int64_t n) {
 // Row i of x (+ residual, rounded through T like eager `x + residual`) as float; writes the sum
 // row when a residual is given. With a residual, ss_out (when given) receives sum(s^2): the add
 // and the RMS reduction in one pass; otherwise ss_out is left alone. SPLIT (bf16 with a residual,
-// for a bf16 output): the float row comes in split_pairs order (row_add_round_sumsq_pairs).
+// for a bf16 output): the float row comes in split_pairs order (row_add_round_sumsq).
 template <typename T, bool SPLIT = false>
 inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, int64_t n, float* buf,
                               bool stream, float* ss_out) {
@@ -245,9 +230,7 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
     if (stream) stream_copy(sum_out + i * n, s, n * 4);
     return s;
   } else {  // the rounded sum: the output, and what eager's norm reads
-    float ss;
-    if constexpr (SPLIT) ss = row_add_round_sumsq_pairs(x + i * n, res + i * n, sum_out + i * n, buf, n);
-    else ss = row_add_round_sumsq<T>(x + i * n, res + i * n, sum_out + i * n, buf, n);
+    const float ss = row_add_round_sumsq<T, SPLIT>(x + i * n, res + i * n, sum_out + i * n, buf, n);
     if (ss_out) *ss_out = ss;
     return buf;
   }
