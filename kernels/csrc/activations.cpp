@@ -32,7 +32,26 @@ constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
 
 // One ISA copy's span loops (activations_impl.h) for one activation kind and storage type T;
-// the bias (b in act / act_grad) and the bias-gradient row (acc) are fp32.
+// the bias (b in act / act_grad) and the bias-gradient row (acc) are fp32, full rows, and for bf16
+// in word order (split_words).
+// bf16 spans run by 32-bit words (activations_impl.h): they read a row's bias, and add to its
+// bias-gradient row, with the even columns at [0, n/2) and the odd ones at [n/2, 2 (n/2)) (an odd
+// n's last column stays last), so that each word's two operands are two contiguous loads.
+template <typename T>
+inline constexpr bool kWordOrder = std::is_same_v<T, c10::BFloat16>;
+
+inline void split_words(const float* in, float* out, int64_t n) {
+  const int64_t h = n / 2;
+  for (int64_t k = 0; k < h; ++k) out[k] = in[2 * k], out[h + k] = in[2 * k + 1];
+  if (n % 2) out[n - 1] = in[n - 1];
+}
+
+inline void unsplit_words(const float* in, float* out, int64_t n) {
+  const int64_t h = n / 2;
+  for (int64_t k = 0; k < h; ++k) out[2 * k] = in[k], out[2 * k + 1] = in[h + k];
+  if (n % 2) out[n - 1] = in[n - 1];
+}
+
 template <typename T>
 struct Spans {
   void (*act)(const T* x, const float* b, T* y, int64_t n);
@@ -61,11 +80,17 @@ using fl_act::kSilu;
 
 constexpr int64_t kGrain = 16384;  // elements per parallel task, at least
 
-// The fp32 copy of a bias (read once per call, not per row).
+// The fp32 copy of a bias (read once per call, not per row), in the spans' order (split_words).
 template <typename T>
 std::vector<float> bias_f32(const at::Tensor& bias) {
-  std::vector<float> bf(bias.numel());
-  fusionlens::to_float<T>(bias.data_ptr<T>(), bf.data(), bias.numel());
+  const int64_t n = bias.numel();
+  std::vector<float> bf(n);
+  fusionlens::to_float<T>(bias.data_ptr<T>(), bf.data(), n);
+  if constexpr (fl_act::kWordOrder<T>) {
+    std::vector<float> split(n);
+    fl_act::split_words(bf.data(), split.data(), n);
+    return split;
+  }
   return bf;
 }
 
@@ -129,6 +154,11 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
   if (grad_bias.has_value()) {
     std::vector<float> total(n);
     fusionlens::reduce_partials(partial.data(), nthreads, n, total.data());
+    if constexpr (fl_act::kWordOrder<T>) {
+      std::vector<float> ordered(n);
+      fl_act::unsplit_words(total.data(), ordered.data(), n);
+      total.swap(ordered);
+    }
     fusionlens::from_float<T>(total.data(), grad_bias->data_ptr<T>(), n);
   }
 }
