@@ -31,9 +31,6 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
 
-// One ISA copy's span loops (activations_impl.h) for one activation kind and storage type T;
-// the bias (b in act / act_grad) and the bias-gradient row (acc) are fp32, full rows, and for bf16
-// in word order (split_words).
 // bf16 spans run by 32-bit words (activations_impl.h): they read a row's bias, and add to its
 // bias-gradient row, with the even columns at [0, n/2) and the odd ones at [n/2, 2 (n/2)) (an odd
 // n's last column stays last), so that each word's two operands are two contiguous loads.
@@ -52,6 +49,9 @@ inline void unsplit_words(const float* in, float* out, int64_t n) {
   if (n % 2) out[n - 1] = in[n - 1];
 }
 
+// One ISA copy's span loops (activations_impl.h) for one activation kind and storage type T;
+// the bias (b in act / act_grad) and the bias-gradient row (acc) are fp32, full rows, and for bf16
+// in word order (split_words).
 template <typename T>
 struct Spans {
   void (*act)(const T* x, const float* b, T* y, int64_t n);
