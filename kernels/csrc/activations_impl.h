@@ -125,38 +125,13 @@ FL_INLINE void act_and_grad(float x, float& y, float& dy) {
 }
 
 // ---- bf16 by 32-bit words -----------------------------------------------------------------------
-// A bf16 span runs first over whole 32-bit words, two elements each (element 2w in the low half:
-// x86 is little-endian): a word widens into its two floats with a shift and an and, and two
-// rounded results merge back into one word with a shift and an or, all within 32-bit lanes. The
-// per-element loop spends a widening load per vector in and a lane-crossing pack per vector out.
-// An odd last element takes the per-element loop. Spans with a bias get it, and add to the
+// A bf16 span runs first over whole 32-bit words, two elements each (word / lo / hi / put,
+// elem_impl.h); an odd last element takes the per-element loop. Spans with a bias get it, and add to the
 // bias-gradient row, in word order (activations.cpp split_words: word w's columns at w and n/2 + w).
 // 1 thread on the Zen 3 AVX2 VM, 4096x3072, ns an element: SwiGLU forward 1.14 -> 0.97, fwd+bwd
 // 3.03 -> 2.31; GELU forward 0.78 -> 0.63, fwd+bwd 2.26 -> 1.93 (the unguarded rounding of put()
 // is half of the forward gain); bias + GELU (bias and bias gradient in word order) forward 0.84 ->
 // 0.69, fwd+bwd 2.5 -> 2.1.
-using Bf16 = c10::BFloat16;
-template <typename T>
-inline constexpr bool kWords = std::is_same_v<T, Bf16>;
-
-FL_INLINE uint32_t word(const Bf16* p, int64_t w) {
-  uint32_t u;
-  std::memcpy(&u, p + 2 * w, sizeof(u));
-  return u;
-}
-FL_INLINE float lo(uint32_t u) { return float_from_bits(u << 16); }
-FL_INLINE float hi(uint32_t u) { return float_from_bits(u & 0xffff0000u); }
-// Rounds l and h to bf16 (nearest even) into one word. No NaN select: every NaN these spans
-// store has zero low 16 bits, so the rounding add cannot carry out of them and the NaN stays a
-// NaN (with its own sign and payload, where c10 stores 0x7FC0): the inputs are bf16, and
-// arithmetic on them either propagates an input NaN's payload or makes the default NaN
-// (0xFFC00000 on x86). The bias is bf16 too (widened to fp32 once per call).
-FL_INLINE void put(Bf16* p, int64_t w, float l, float h) {
-  const uint32_t lb = float_bits(l), hb = float_bits(h);
-  const uint32_t lr = lb + 0x7fffu + ((lb >> 16) & 1u), hr = hb + 0x7fffu + ((hb >> 16) & 1u);
-  const uint32_t u = (lr >> 16) | (hr & 0xffff0000u);
-  std::memcpy(p + 2 * w, &u, sizeof(u));
-}
 
 // ---- spans: what one run of elements does ------------------------------------------------------
 // x, g, a, b, y and the gradients are the tensors' own memory in their storage type T (float,

@@ -56,3 +56,31 @@ FL_INLINE M store(T* dst, int64_t k, M x) {
     return static_cast<M>(t);
   }
 }
+
+// bf16 by 32-bit words: two elements a word (element 2w in the low half: x86 is little-endian)
+// widen with a shift and an and, and two rounded results merge back into one word with a shift
+// and an or, all within 32-bit lanes, where a per-element loop spends a widening load per vector
+// in and a lane-crossing pack per vector out (activations_impl.h, rope_impl.h).
+using Bf16 = c10::BFloat16;
+template <typename T>
+inline constexpr bool kWords = std::is_same_v<T, Bf16>;
+
+FL_INLINE uint32_t word(const Bf16* p, int64_t w) {
+  uint32_t u;
+  std::memcpy(&u, p + 2 * w, sizeof(u));
+  return u;
+}
+FL_INLINE float lo(uint32_t u) { return fusionlens::float_from_bits(u << 16); }
+FL_INLINE float hi(uint32_t u) { return fusionlens::float_from_bits(u & 0xffff0000u); }
+
+// Rounds l and h to bf16 (nearest even) into one word. No NaN select: a NaN whose low 16 bits are
+// zero cannot carry out of them in the rounding add and stays a NaN (with its own sign and
+// payload, where c10 stores 0x7FC0), and every NaN made from bf16 data is one (an input NaN's
+// payload, or the default NaN, 0xFFC00000 on x86). Callers keep fp32 operands' NaNs to such
+// NaNs (a bf16 bias; rope's tables canonicalized).
+FL_INLINE void put(Bf16* p, int64_t w, float l, float h) {
+  const uint32_t lb = fusionlens::float_bits(l), hb = fusionlens::float_bits(h);
+  const uint32_t lr = lb + 0x7fffu + ((lb >> 16) & 1u), hr = hb + 0x7fffu + ((hb >> 16) & 1u);
+  const uint32_t u = (lr >> 16) | (hr & 0xffff0000u);
+  std::memcpy(p + 2 * w, &u, sizeof(u));
+}

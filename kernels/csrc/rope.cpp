@@ -17,6 +17,8 @@
 #include "common.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -37,6 +39,7 @@ struct RopeArgs {
   const void* x;
   void* out;
   const float *cos, *sin;
+  const float *wcos, *wsin;  // bf16 rows: cos / sin in word order (split_trig), or null
   int64_t H, S, D, sb, sh, ss, ob, oh, os, cb;
   bool backward, heads_inner;
 };
@@ -53,13 +56,36 @@ RowsFn rows_for() { return FL_ISA_PICK(rows_fn<T>()); }
 
 namespace {
 
+// cos / sin rows of D (D % 4 == 0) in the order bf16 rows are rotated by words (rope_impl.h
+// rotate_words): per half, its even columns then its odd ones. A NaN becomes 0x7FC00000 (NaN with
+// zero low bits), so that the words' unguarded bf16 rounding keeps every NaN a NaN (elem_impl.h put).
+std::vector<float> split_trig(const at::Tensor& t, int64_t D) {
+  const float* src = t.data_ptr<float>();
+  const int64_t rows = t.numel() / D, h = D / 2, q = D / 4;
+  std::vector<float> out(t.numel());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = src + r * D;
+    float* o = out.data() + r * D;
+    for (int64_t w = 0; w < q; ++w) {
+      o[w] = c[2 * w], o[q + w] = c[2 * w + 1], o[2 * q + w] = c[h + 2 * w], o[3 * q + w] = c[h + 2 * w + 1];
+    }
+    for (int64_t j = 0; j < D; ++j) {
+      if (std::isnan(o[j])) o[j] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  return out;
+}
+
 template <typename T>
 void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
                bool backward) {
   const int64_t H = x.size(1), S = x.size(2), D = x.size(3);
   const bool heads_inner = H > 1 && S > 1 && x.stride(1) < x.stride(2);
+  const bool words = std::is_same_v<T, c10::BFloat16> && D % 4 == 0;
+  const std::vector<float> wc = words ? split_trig(cos, D) : std::vector<float>();
+  const std::vector<float> ws = words ? split_trig(sin, D) : std::vector<float>();
   const fl_rope::RopeArgs a{x.data_ptr<T>(), out.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                            H, S, D, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+                            words ? wc.data() : nullptr, words ? ws.data() : nullptr, H, S, D, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
                             out.stride(2), cos.size(0) == 1 ? 0 : S * D, backward, heads_inner};
   const fl_rope::RowsFn rows = fl_rope::rows_for<T>();
   at::parallel_for(0, x.size(0) * x.size(1) * S, std::max<int64_t>(1, 8192 / D),
