@@ -17,6 +17,7 @@
 #include "convert_impl.h"
 
 #include "vec_impl.h"  // kW, vf, ld, st
+#include "elem_impl.h"  // word / lo / hi / put: bf16 by 32-bit words
 
 // max(m, v) per lane, NaN lanes of v ignored (as the scalar `v > m ? v : m`).
 FL_INLINE vf vmax(vf m, vf v) { return v > m ? v : m; }
@@ -103,10 +104,36 @@ RowStats forward_row(const T* xr, float* buf, int64_t V, int64_t t, float eps) {
   }
 }
 
+// row_grad of a bf16 row straight from and into bf16 words (no float row in and out of buffers
+// that, at V = 32000, do not fit L1). GUARD: round with c10's NaN select, for rows whose stats
+// are not finite (a NaN there might carry low bits; from the row's own bf16 data it would not).
+template <bool GUARD>
+__attribute__((flatten)) inline void row_grad_words(const Bf16* x, Bf16* out, int64_t V, int64_t t, float m,
+                                                    float log_sum, float eps, float g) {
+  const float smooth = g * eps / static_cast<float>(V);
+  const float gs = g * std::exp(-log_sum);
+  const float xt = load<float>(x, t);
+#pragma omp simd
+  for (int64_t w = 0; w < V / 2; ++w) {
+    const uint32_t u = word(x, w);
+    const float a = gs * fusionlens::exp_nonpos<FL_ISA>(lo(u) - m) - smooth;
+    const float b = gs * fusionlens::exp_nonpos<FL_ISA>(hi(u) - m) - smooth;
+    if constexpr (GUARD) put_c10(out, w, a, b); else put(out, w, a, b);
+  }
+  if (V % 2) store(out, V - 1, gs * fusionlens::exp_nonpos<FL_ISA>(load<float>(x, V - 1) - m) - smooth);
+  store(out, t, gs * fusionlens::exp_nonpos<FL_ISA>(xt - m) - smooth - g * (1.0f - eps));
+}
+
 template <typename T>
 void backward_row(const T* xr, T* dst, float* buf, float* buf2, int64_t V, int64_t t, float m, float log_sum,
                   float eps, float g) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (kWords<T>) {
+    if (std::isfinite(m) && std::isfinite(log_sum) && std::isfinite(g)) {
+      row_grad_words<false>(xr, dst, V, t, m, log_sum, eps, g);
+    } else {
+      row_grad_words<true>(xr, dst, V, t, m, log_sum, eps, g);
+    }
+  } else if constexpr (std::is_same_v<T, float>) {
     row_grad(xr, dst, V, t, m, log_sum, eps, g);
   } else {
     load_f32<T>(xr, buf, V);

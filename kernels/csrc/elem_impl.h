@@ -84,3 +84,10 @@ FL_INLINE void put(Bf16* p, int64_t w, float l, float h) {
   const uint32_t u = (lr >> 16) | (hr & 0xffff0000u);
   std::memcpy(p + 2 * w, &u, sizeof(u));
 }
+
+// put() with c10's NaN (0x7FC0) for any NaN, for a NaN that may have low bits.
+FL_INLINE void put_c10(Bf16* p, int64_t w, float l, float h) {
+  const uint32_t u = static_cast<uint32_t>(fusionlens::float_to_bf16_bits_c10(l)) |
+                     (static_cast<uint32_t>(fusionlens::float_to_bf16_bits_c10(h)) << 16);
+  std::memcpy(p + 2 * w, &u, sizeof(u));
+}
