@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import norm_function, norms
 from tests.kernels.norm_cases import CASES
-from tests.kernels.numerics import fwd_bwd, make, poisoned, to_f64
+from tests.kernels.numerics import assert_matches, fwd_bwd, make, poisoned, to_f64
 
 
 pytestmark = pytest.mark.usefixtures("cpu_provider")
@@ -196,5 +196,8 @@ def test_torch_compile_traces_the_python_function_and_trains(m: int, n: int) -> 
     for _ in range(2):  # the second call runs the compiled graph again: fresh outputs each time
         got = torch.autograd.grad(fn(x, w, b), [x, w, b])
     want = torch.autograd.grad(F.layer_norm(x, (n,), w, b).sin().sum(), [x, w, b])
-    for a, e in zip(got, want):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    # Judged against float64 (ATen's fp32 weight and bias sums over 2048 rows are 10-20x further
+    # from it than ours: against ATen at rtol 1e-5 the baseline copy's order failed on one element).
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    truth = torch.autograd.grad(F.layer_norm(x64, (n,), w64, b64).sin().sum(), [x64, w64, b64])
+    assert_matches(got, want, truth, torch.float32)
