@@ -426,8 +426,7 @@ void ln_bwd(const LnBwd& a) {
           ln_bwd_row<T, T, decltype(has_da)::value, decltype(guarded)::value>(x, dy, g, da, dx, pw, pb, mu, r, c1,
                                                                               c2, n, nx, ndy, ndx);
         };
-        if (da) guard ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
-        else guard ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+        with_flags(da != nullptr, guard, run);
         if (stream) stream_copy(dxp + i * n, tile, n * static_cast<int64_t>(sizeof(T)));
       }
       if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
@@ -669,8 +668,7 @@ void rms_bwd(const RmsBwd& a) {
           rms_bwd_pick<T, decltype(has_da)::value, decltype(guarded)::value>(round_n, x, dy, da, ws, dx, pw, r, c1,
                                                                              n, nx, ndy, ndx);
         };
-        if (da) guard ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
-        else guard ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+        with_flags(da != nullptr, guard, run);
         if (stream) stream_copy(dxp + i * n, tile, n * static_cast<int64_t>(sizeof(T)));
       }
       if (a.dw) flush_block(pw, dw_part.data() + c * n, n);

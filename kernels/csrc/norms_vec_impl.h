@@ -172,6 +172,14 @@ inline void reduce_partials_to(const double* partials, int64_t nchunks, int64_t 
   unsplit_pairs(tmp.data(), out, n);
 }
 
+// f(bool_constant<a>, bool_constant<b>): two run-time flags as template arguments (the backwards'
+// residual-gradient and NaN-guard variants of their row loops).
+template <typename F>
+inline void with_flags(bool a, bool b, F&& f) {
+  if (a) b ? f(std::true_type{}, std::true_type{}) : f(std::true_type{}, std::false_type{});
+  else b ? f(std::false_type{}, std::true_type{}) : f(std::false_type{}, std::false_type{});
+}
+
 // No NaN among n floats (null: none): then bf16 rounding needs no NaN guard (round_hi).
 inline bool nan_free(const float* w, int64_t n) {
   if (!w) return true;

@@ -75,15 +75,14 @@ void rope_rows(const RopeArgs& a, int64_t r0, int64_t r1) {
     const int64_t h_i = a.heads_inner ? i_in : i_out, s_i = a.heads_inner ? i_out : i_in;
     const T* xr = xp + b_i * a.sb + h_i * a.sh + s_i * a.ss;
     T* orow = op + b_i * a.ob + h_i * a.oh + s_i * a.os;
-    const float* c = a.cos + b_i * a.cb + s_i * D;
-    const float* sn = a.sin + b_i * a.cb + s_i * D;
+    const int64_t trig = b_i * a.cb + s_i * D;  // this row's cos / sin
     if constexpr (kWords<T>) {
       if (a.wcos) {
-        const int64_t t = b_i * a.cb + s_i * D;
-        rotate_words(xr, a.wcos + t, a.wsin + t, orow, D, a.backward);
+        rotate_words(xr, a.wcos + trig, a.wsin + trig, orow, D, a.backward);
         continue;
       }
     }
+    const float *c = a.cos + trig, *sn = a.sin + trig;
     if constexpr (std::is_same_v<T, float>) {
       if (a.backward) rotate_bwd(xr, xr + h, c, sn, orow, orow + h, h);
       else rotate_fwd(xr, xr + h, c, sn, orow, orow + h, h);
