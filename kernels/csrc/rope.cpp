@@ -17,8 +17,7 @@
 #include "common.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -44,6 +43,7 @@ struct RopeArgs {
   bool backward, heads_inner;
 };
 using RowsFn = void (*)(const RopeArgs&, int64_t r0, int64_t r1);
+using SplitFn = void (*)(const float* src, float* dst, int64_t rows, int64_t D);
 
 #define FL_ISA_IMPL "rope_impl.h"
 #include "per_isa.h"
@@ -51,28 +51,22 @@ using RowsFn = void (*)(const RopeArgs&, int64_t r0, int64_t r1);
 // The row loop of the best copy this CPU runs (FUSIONLENS_CPU_ISA lowers it).
 template <typename T>
 RowsFn rows_for() { return FL_ISA_PICK(rows_fn<T>()); }
+inline SplitFn split_for() { return FL_ISA_PICK(split_fn()); }
 
 }  // namespace fl_rope
 
 namespace {
 
-// cos / sin rows of D (D % 4 == 0) in the order bf16 rows are rotated by words (rope_impl.h
-// rotate_words): per half, its even columns then its odd ones. A NaN becomes 0x7FC00000 (NaN with
-// zero low bits), so that the words' unguarded bf16 rounding keeps every NaN a NaN (elem_impl.h put).
-std::vector<float> split_trig(const at::Tensor& t, int64_t D) {
+// cos / sin in the word order bf16 rows are rotated in (rope_impl.h split_trig_rows), in an
+// uninitialised buffer (a zeroed std::vector spent a memset on every call), rows split across
+// the threads as the rotation's are (per-batch tables are 1/H of the rows rotated).
+std::unique_ptr<float[]> split_trig(const at::Tensor& t, int64_t D) {
+  std::unique_ptr<float[]> out(new float[t.numel()]);
+  const fl_rope::SplitFn split = fl_rope::split_for();
   const float* src = t.data_ptr<float>();
-  const int64_t rows = t.numel() / D, h = D / 2, q = D / 4;
-  std::vector<float> out(t.numel());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* c = src + r * D;
-    float* o = out.data() + r * D;
-    for (int64_t w = 0; w < q; ++w) {
-      o[w] = c[2 * w], o[q + w] = c[2 * w + 1], o[2 * q + w] = c[h + 2 * w], o[3 * q + w] = c[h + 2 * w + 1];
-    }
-    for (int64_t j = 0; j < D; ++j) {
-      if (std::isnan(o[j])) o[j] = std::numeric_limits<float>::quiet_NaN();
-    }
-  }
+  float* dst = out.get();
+  at::parallel_for(0, t.numel() / D, std::max<int64_t>(1, 8192 / D),
+                   [&](int64_t r0, int64_t r1) { split(src + r0 * D, dst + r0 * D, r1 - r0, D); });
   return out;
 }
 
@@ -82,10 +76,10 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
   const int64_t H = x.size(1), S = x.size(2), D = x.size(3);
   const bool heads_inner = H > 1 && S > 1 && x.stride(1) < x.stride(2);
   const bool words = std::is_same_v<T, c10::BFloat16> && D % 4 == 0;
-  const std::vector<float> wc = words ? split_trig(cos, D) : std::vector<float>();
-  const std::vector<float> ws = words ? split_trig(sin, D) : std::vector<float>();
+  const std::unique_ptr<float[]> wc = words ? split_trig(cos, D) : nullptr;
+  const std::unique_ptr<float[]> ws = words ? split_trig(sin, D) : nullptr;
   const fl_rope::RopeArgs a{x.data_ptr<T>(), out.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                            words ? wc.data() : nullptr, words ? ws.data() : nullptr, H, S, D, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+                            wc.get(), ws.get(), H, S, D, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
                             out.stride(2), cos.size(0) == 1 ? 0 : S * D, backward, heads_inner};
   const fl_rope::RowsFn rows = fl_rope::rows_for<T>();
   at::parallel_for(0, x.size(0) * x.size(1) * S, std::max<int64_t>(1, 8192 / D),

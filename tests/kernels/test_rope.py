@@ -138,6 +138,27 @@ def test_nan_inf_propagate_like_reference() -> None:
     check("cpu", q, k, cos, sin, torch.float32)
 
 
+@pytest.mark.parametrize("nan_bits", [0x7FFFFFFF, 0xFFC00001, 0x7F800001], ids=hex)
+@pytest.mark.parametrize("heads_inner", [False, True], ids=["rows_bhs", "rows_bsh"])
+def test_bf16_rows_keep_fp32_table_nans(nan_bits: int, heads_inner: bool) -> None:
+    """The op called directly with fp32 tables holding NaNs with low payload bits (kernels.rope's
+    own tables come from bf16 and have none): bf16 rows are rotated by 32-bit words and rounded
+    without a NaN select, so the tables' NaNs are made ones the rounding cannot carry out of
+    (0x7FFFFFFF + 0x7FFF would wrap to -0). Every NaN stays NaN; the rest match the fp32 math."""
+    x = make((2, 3, 5, 16), torch.bfloat16, seed=4)
+    if heads_inner:  # HF's transposed view: rows walked (b, s, h)
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    cos, sin = (t.float().unsqueeze(0).expand(2, 5, 16).contiguous() for t in tables(5, 16, torch.float32))
+    nan = torch.tensor([nan_bits], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    cos[0, 1, 3], sin[1, 4, 10], cos[1, 2, 8], sin[0, 0, 0] = nan, nan, nan, nan
+    out = torch.full_like(x, 7.0)
+    rp._ops("cpu").rope_apply(x, cos, sin, out, False)
+    want = rp.rope_reference(x.double(), x.double(), cos.double().unsqueeze(1), sin.double().unsqueeze(1))[0]
+    assert torch.equal(out.isnan(), want.isnan()) and want.isnan().sum() >= 4 * 3
+    finite = ~want.isnan()
+    torch.testing.assert_close(out.double()[finite], want.to(torch.bfloat16).double()[finite], rtol=8e-3, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape", [(0, 2, 3, 8), (1, 2, 0, 8), (1, 2, 3, 0)], ids=str)
 def test_zero_size(shape) -> None:
     q = torch.randn(shape)
