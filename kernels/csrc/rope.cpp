@@ -57,6 +57,9 @@ inline SplitFn split_for() { return FL_ISA_PICK(split_fn()); }
 
 namespace {
 
+// Rows (of D) a thread takes at a time, for the rotation and the tables' split alike.
+int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 8192 / D); }
+
 // cos / sin in the word order bf16 rows are rotated in (rope_impl.h split_trig_rows), in an
 // uninitialised buffer (a zeroed std::vector spent a memset on every call), rows split across
 // the threads as the rotation's are (per-batch tables are 1/H of the rows rotated).
@@ -65,7 +68,7 @@ std::unique_ptr<float[]> split_trig(const at::Tensor& t, int64_t D) {
   const fl_rope::SplitFn split = fl_rope::split_for();
   const float* src = t.data_ptr<float>();
   float* dst = out.get();
-  at::parallel_for(0, t.numel() / D, std::max<int64_t>(1, 8192 / D),
+  at::parallel_for(0, t.numel() / D, row_grain(D),
                    [&](int64_t r0, int64_t r1) { split(src + r0 * D, dst + r0 * D, r1 - r0, D); });
   return out;
 }
@@ -82,7 +85,7 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
                             wc.get(), ws.get(), H, S, D, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
                             out.stride(2), cos.size(0) == 1 ? 0 : S * D, backward, heads_inner};
   const fl_rope::RowsFn rows = fl_rope::rows_for<T>();
-  at::parallel_for(0, x.size(0) * x.size(1) * S, std::max<int64_t>(1, 8192 / D),
+  at::parallel_for(0, x.size(0) * x.size(1) * S, row_grain(D),
                    [&](int64_t b0, int64_t e0) { rows(a, b0, e0); });
 }
 

@@ -63,7 +63,7 @@ inline void rotate_words(const Bf16* x, const float* __restrict wc, const float*
 // replaced was a third of a bf16 4x12x512x64 rotation with per-batch tables (1 AVX2 thread).
 FL_INLINE float quiet_nan_bits(float v) {
   const uint32_t u = fusionlens::float_bits(v);
-  const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  const uint32_t nan = 0u - static_cast<uint32_t>(fusionlens::nan_bits(u));
   return fusionlens::float_from_bits((0x7fc00000u & nan) | (u & ~nan));
 }
 
