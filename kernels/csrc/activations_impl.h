@@ -49,28 +49,30 @@ FL_INLINE float erf_abs_scaled(float x) {
   return float_from_bits(select_bits(sat, kOneBits, rb < kOneBits ? rb : kOneBits));
 }
 
-// sigmoid(z) = 1 / (1 + exp(-z)) with the inline exp of a non-positive argument: e = exp(-|z|),
-// then 1 / (1 + e) for z >= 0 or e / (1 + e) (picked by the sign bit). No overflow;
-// sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN. -|z| is one OR of the sign bit and the
+// exp(-|z|), the one exp of a sigmoid: -|z| is one OR of the sign bit. Split from the rest (the
+// *_e forms below take it as e) so that the span loops can compute it for a block first (see
+// "Two passes" below).
+FL_INLINE float exp_neg_abs(float z) {
+  return fusionlens::exp_nonpos<FL_ISA>(float_from_bits(float_bits(z) | 0x80000000u));
+}
+
+// sigmoid(z) = 1 / (1 + exp(-z)) from e = exp(-|z|): 1 / (1 + e) for z >= 0 or e / (1 + e)
+// (picked by the sign bit). No overflow; sigmoid(+inf) = 1, sigmoid(-inf) = 0; NaN stays NaN. The
 // numerator's select is b ^ ((a ^ b) & mask) on an arithmetic-shift mask (one AVX-512 ternlog).
-FL_INLINE float sigmoid(float z) {
-  const uint32_t zb = float_bits(z);
-  const float e = fusionlens::exp_nonpos<FL_ISA>(float_from_bits(zb | 0x80000000u));
-  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(zb) >> 31);
+FL_INLINE float sigmoid_e(float z, float e) {
+  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(float_bits(z)) >> 31);
   return float_from_bits(kOneBits ^ ((float_bits(e) ^ kOneBits) & neg)) / (1.0f + e);
 }
 
-// sigmoid(z) and sigmoid(-z) = 1 - sigmoid(z) from one exp and one division, for the gradients:
-// with e = exp(-|z|) and d = 1 / (1 + e), the larger is d and the smaller e * d (neither as a
-// difference). Two sigmoid() calls cost a second division (the exp was shared, the numerators
-// not): SwiGLU and GELU (tanh) backward were division bound on AVX2, where vdivps ymm issues once
-// per ~5 cycles. e * d rounds twice (<= 1.5 ulp against sigmoid()'s 0.5).
-FL_INLINE void sigmoid_pair(float z, float& s, float& sc) {
-  const uint32_t zb = float_bits(z);
-  const float e = fusionlens::exp_nonpos<FL_ISA>(float_from_bits(zb | 0x80000000u));
+// sigmoid(z) and sigmoid(-z) = 1 - sigmoid(z) from e = exp(-|z|) and one division, for the
+// gradients: with d = 1 / (1 + e), the larger is d and the smaller e * d (neither as a
+// difference). Two sigmoids cost a second division (the exp was shared, the numerators not):
+// SwiGLU and GELU (tanh) backward were division bound on AVX2, where vdivps ymm issues once per ~5
+// cycles. e * d rounds twice (<= 1.5 ulp against sigmoid_e's 0.5).
+FL_INLINE void sigmoid_pair_e(float z, float e, float& s, float& sc) {
   const float d = 1.0f / (1.0f + e);
   const uint32_t db = float_bits(d), eb = float_bits(e * d);
-  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(zb) >> 31);
+  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(float_bits(z)) >> 31);
   s = float_from_bits(select_bits(neg, eb, db));
   sc = float_from_bits(select_bits(neg, db, eb));
 }
@@ -86,39 +88,65 @@ FL_INLINE float gelu_tanh_arg(float x, float x2) { return x * (kTanhC3 * x2 + kT
 // GELU (erf) = x (1 + erf(x / sqrt 2)) / 2 = (x + |x| erf(|x| / sqrt 2)) / 2.
 // GELU (tanh) is x * sigmoid(2u): 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
 // this form has no 1 + tanh cancellation for negative x and needs one exp.
+//
+// Each kind's one exp, `pre`, is split from the rest: pre_fwd<K>(x) is what act_e<K> needs (SiLU
+// and GELU (tanh): the sigmoid's exp(-|z|); GELU (erf): none), pre_grad<K>(x) what act_and_grad_e<K>
+// needs (the same, and for GELU (erf) the density's exp(-x^2 / 2)). act_e<K>(x, pre_fwd<K>(x)) is
+// act(x), bit for bit the single-pass form.
 template <int64_t K>
-FL_INLINE float act(float x) {
+inline constexpr bool kPreFwd = K != kGeluErf;  // whether act_e reads its pre at all
+
+template <int64_t K>
+FL_INLINE float sigmoid_arg(float x) {  // SiLU: x; GELU (tanh): 2u
+  if constexpr (K == kSilu) return x;
+  else return gelu_tanh_arg(x, x * x);
+}
+
+template <int64_t K>
+FL_INLINE float pre_fwd(float x) {
+  if constexpr (kPreFwd<K>) return exp_neg_abs(sigmoid_arg<K>(x));
+  else return 0.0f;
+}
+
+template <int64_t K>
+FL_INLINE float pre_grad(float x) {
+  if constexpr (K == kGeluErf) return fusionlens::exp_nonpos<FL_ISA>(-0.5f * x * x);
+  else return pre_fwd<K>(x);
+}
+
+template <int64_t K>
+FL_INLINE float act_e(float x, float e) {
   if constexpr (K == kSilu) {
-    return x * sigmoid(x);  // inline exp: 17% faster than libmvec's expf, same ~2 ulp
+    return x * sigmoid_e(x, e);  // inline exp: 17% faster than libmvec's expf, same ~2 ulp
   } else if constexpr (K == kGeluErf) {
     return 0.5f * (x + std::fabs(x) * erf_abs_scaled(x));
   } else {
-    return x * sigmoid(gelu_tanh_arg(x, x * x));
+    return x * sigmoid_e(gelu_tanh_arg(x, x * x), e);
   }
 }
 
-// act(x) and act'(x) together (shared transcendental).
+// act(x) and act'(x) together (shared transcendental), e = pre_grad<K>(x).
 template <int64_t K>
-FL_INLINE void act_and_grad(float x, float& y, float& dy) {
+FL_INLINE void act_and_grad_e(float x, float e, float& y, float& dy) {
   if constexpr (K == kSilu) {
     float s, sc;
-    sigmoid_pair(x, s, sc);
+    sigmoid_pair_e(x, e, s, sc);
     y = x * s;
     dy = s * (1.0f + x * sc);  // 1 - s as sigmoid(-x): no cancellation (see below)
   } else if constexpr (K == kGeluErf) {
     const float cdf = 0.5f + 0.5f * std::copysign(erf_abs_scaled(x), x);
     y = x * cdf;
-    dy = cdf + x * kInvSqrt2Pi * fusionlens::exp_nonpos<FL_ISA>(-0.5f * x * x);
+    dy = cdf + x * kInvSqrt2Pi * e;
   } else {
     // d/dx x s(2u) = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-    // 1 - s is sigmoid(-2u) (sigmoid_pair: the same exp and division): computed as 1 - s it was 0 or
-    // 2^-24 wherever s rounds near 1 (x > ~4), a one-signed error of up to 2e-6 in every such
+    // 1 - s is sigmoid(-2u) (sigmoid_pair_e: the same exp and division): computed as 1 - s it was 0
+    // or 2^-24 wherever s rounds near 1 (x > ~4), a one-signed error of up to 2e-6 in every such
     // element's derivative that a bias gradient summed over 1089 rows to 3x eager's error (fuzz
     // seed 744072). ATen's 1 - tanh^2 cancels too, only less.
     const float x2 = x * x;
     const float z = gelu_tanh_arg(x, x2);
     float s, sc;
-    sigmoid_pair(z, s, sc);
+    sigmoid_pair_e(z, e, s, sc);
     y = x * s;
     dy = s + 2.0f * x * s * sc * kBeta * (3.0f * kKappa * x2 + 1.0f);
   }
@@ -150,21 +178,96 @@ FL_INLINE float plus_bias(float v, const float* b, int64_t k) {
   else return v;
 }
 
+// ---- two passes a block ------------------------------------------------------------------------
+// The spans of SiLU and GELU (tanh) run over blocks of kPreBlock words (bf16) or elements: a first
+// simd loop puts each element's exp (pre_fwd / pre_grad) into an L1 buffer, a second does the
+// rest (the division, the products, the rounding and the stores). In one loop each iteration was
+// one ~80-cycle chain of dependent operations (the exp's FMAs, the division, the rounding), longer
+// than the out-of-order window covers, so the core waited on it; each pass's chain is about half of
+// that. Same operations in the same order: the one-loop results, bit for bit
+// (benchmarks/kernels/act_ab.py checks it). 1 AVX2 thread (Zen 3), 4096x3072, kernel-only: bf16
+// SwiGLU forward 15.3 -> 11.7 ms, backward 21.7 -> 15.7; fp32 1.2-1.3x; GELU (tanh) 1.1-1.4x
+// (docs/kernels.md, "Two passes a block"). GELU (erf) keeps one loop (kTwoPass).
+constexpr int64_t kPreBlock = 512;
+
+template <int64_t K, bool GRAD>
+FL_INLINE float pre_of(float x) {
+  if constexpr (GRAD) return pre_grad<K>(x);
+  else return pre_fwd<K>(x);
+}
+
+// Which kinds run the two passes: SiLU and GELU (tanh). GELU (erf) keeps one loop: its forward has
+// no exp, and its backward's density exp is short beside the rational erf's division (two passes
+// ran it 0.87-1.00x, fp32 and bf16 on the AVX2 EPYC).
+template <int64_t K>
+inline constexpr bool kTwoPass = K != kGeluErf;
+
+// Words (elements) a block of the second pass covers: the whole span in one loop when not kTwoPass.
+template <int64_t K>
+inline constexpr int64_t kBlock = kTwoPass<K> ? kPreBlock : INT64_MAX;
+
+// The pre value of the block's element j, whose activation input is v: from the first pass's
+// buffer, or computed in line (one-loop kinds).
+template <int64_t K, bool GRAD>
+FL_INLINE float pre_at(const float* pre, int64_t j, float v) {
+  if constexpr (kTwoPass<K>) return pre[j];
+  else return pre_of<K, GRAD>(v);
+}
+
+// pre[j] (and pre[kPreBlock + j], the high elements of words) for j < len from word / element
+// w0 + j (i0 + j).
+template <int64_t K, bool GRAD, bool B, typename T>
+FL_INLINE void pre_words(const T* __restrict x, const float* __restrict b, int64_t h, int64_t w0, int64_t len,
+                         float* __restrict pre) {
+#pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t w = w0 + j;
+    const uint32_t u = word(x, w);
+    const float vl = plus_bias<B>(lo(u), b, w), vh = plus_bias<B>(hi(u), b, h + w);
+    pre[j] = pre_of<K, GRAD>(vl);
+    pre[kPreBlock + j] = pre_of<K, GRAD>(vh);
+  }
+}
+
+template <int64_t K, bool GRAD, bool B, typename T>
+FL_INLINE void pre_elems(const T* __restrict x, const float* __restrict b, int64_t i0, int64_t len,
+                         float* __restrict pre) {
+#pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    const float v = plus_bias<B>(load<float>(x, i0 + j), b, i0 + j);
+    pre[j] = pre_of<K, GRAD>(v);
+  }
+}
+
 // y = act(x [+ b])
 template <int64_t K, typename T, bool B>
 FL_INLINE void act_loop(const T* __restrict x, const float* __restrict b, T* __restrict y, int64_t n) {
+  alignas(64) float pre[kTwoPass<K> ? 2 * kPreBlock : 1];  // one-loop kinds read none
   const int64_t h = n / 2;
   int64_t i0 = 0;
   if constexpr (kWords<T>) {
     i0 = 2 * h;
+    for (int64_t w0 = 0, len; w0 < h; w0 += len) {
+      len = std::min(kBlock<K>, h - w0);
+      if constexpr (kTwoPass<K>) pre_words<K, false, B>(x, b, h, w0, len, pre);
 #pragma omp simd
-    for (int64_t w = 0; w < h; ++w) {
-      const uint32_t u = word(x, w);
-      put(y, w, act<K>(plus_bias<B>(lo(u), b, w)), act<K>(plus_bias<B>(hi(u), b, h + w)));
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t w = w0 + j;
+        const uint32_t u = word(x, w);
+        const float vl = plus_bias<B>(lo(u), b, w), vh = plus_bias<B>(hi(u), b, h + w);
+        put(y, w, act_e<K>(vl, pre_at<K, false>(pre, j, vl)), act_e<K>(vh, pre_at<K, false>(pre, kPreBlock + j, vh)));
+      }
     }
   }
+  for (int64_t s = i0, len; s < n; s += len) {
+    len = std::min(kBlock<K>, n - s);
+    if constexpr (kTwoPass<K>) pre_elems<K, false, B>(x, b, s, len, pre);
 #pragma omp simd
-  for (int64_t i = i0; i < n; ++i) store(y, i, act<K>(plus_bias<B>(load<float>(x, i), b, i)));
+    for (int64_t j = 0; j < len; ++j) {
+      const float v = plus_bias<B>(load<float>(x, s + j), b, s + j);
+      store(y, s + j, act_e<K>(v, pre_at<K, false>(pre, j, v)));
+    }
+  }
 }
 
 template <int64_t K, typename T>
@@ -178,28 +281,41 @@ void act_span(const T* __restrict x, const float* __restrict b, T* __restrict y,
 template <int64_t K, typename T, bool B, bool ACC>
 FL_INLINE void act_grad_loop(const T* __restrict g, const T* __restrict x, const float* __restrict b,
                              T* __restrict gx, float* __restrict acc, int64_t n) {
+  alignas(64) float pre[kTwoPass<K> ? 2 * kPreBlock : 1];  // one-loop kinds read none
   const int64_t h = n / 2;
   int64_t i0 = 0;
   if constexpr (kWords<T>) {
     i0 = 2 * h;
+    for (int64_t w0 = 0, len; w0 < h; w0 += len) {
+      len = std::min(kBlock<K>, h - w0);
+      if constexpr (kTwoPass<K>) pre_words<K, true, B>(x, b, h, w0, len, pre);
 #pragma omp simd
-    for (int64_t w = 0; w < h; ++w) {
-      const uint32_t u = word(x, w), ug = word(g, w);
-      float yl, dl, yh, dh;
-      act_and_grad<K>(plus_bias<B>(lo(u), b, w), yl, dl);
-      act_and_grad<K>(plus_bias<B>(hi(u), b, h + w), yh, dh);
-      const float vl = lo(ug) * dl, vh = hi(ug) * dh;
-      put(gx, w, vl, vh);
-      if constexpr (ACC) acc[w] += vl, acc[h + w] += vh;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t w = w0 + j;
+        const uint32_t u = word(x, w), ug = word(g, w);
+        const float xl = plus_bias<B>(lo(u), b, w), xh = plus_bias<B>(hi(u), b, h + w);
+        float yl, dl, yh, dh;
+        act_and_grad_e<K>(xl, pre_at<K, true>(pre, j, xl), yl, dl);
+        act_and_grad_e<K>(xh, pre_at<K, true>(pre, kPreBlock + j, xh), yh, dh);
+        const float vl = lo(ug) * dl, vh = hi(ug) * dh;
+        put(gx, w, vl, vh);
+        if constexpr (ACC) acc[w] += vl, acc[h + w] += vh;
+      }
     }
   }
+  for (int64_t s = i0, len; s < n; s += len) {
+    len = std::min(kBlock<K>, n - s);
+    if constexpr (kTwoPass<K>) pre_elems<K, true, B>(x, b, s, len, pre);
 #pragma omp simd
-  for (int64_t i = i0; i < n; ++i) {
-    float y, dy;
-    act_and_grad<K>(plus_bias<B>(load<float>(x, i), b, i), y, dy);
-    const float v = load<float>(g, i) * dy;
-    store(gx, i, v);
-    if constexpr (ACC) acc[i] += v;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = s + j;
+      const float xi = plus_bias<B>(load<float>(x, i), b, i);
+      float y, dy;
+      act_and_grad_e<K>(xi, pre_at<K, true>(pre, j, xi), y, dy);
+      const float v = load<float>(g, i) * dy;
+      store(gx, i, v);
+      if constexpr (ACC) acc[i] += v;
+    }
   }
 }
 
@@ -214,43 +330,73 @@ void act_grad_span(const T* __restrict g, const T* __restrict x, const float* __
 // y = act(a) * b
 template <int64_t K, typename T>
 void glu_span(const T* __restrict a, const T* __restrict b, T* __restrict y, int64_t n) {
+  alignas(64) float pre[kTwoPass<K> ? 2 * kPreBlock : 1];  // one-loop kinds read none
+  const int64_t h = n / 2;
   int64_t i0 = 0;
   if constexpr (kWords<T>) {
-    i0 = n & ~int64_t{1};
+    i0 = 2 * h;
+    for (int64_t w0 = 0, len; w0 < h; w0 += len) {
+      len = std::min(kBlock<K>, h - w0);
+      if constexpr (kTwoPass<K>) pre_words<K, false, false>(a, nullptr, h, w0, len, pre);
 #pragma omp simd
-    for (int64_t w = 0; w < n / 2; ++w) {
-      const uint32_t ua = word(a, w), ub = word(b, w);
-      put(y, w, act<K>(lo(ua)) * lo(ub), act<K>(hi(ua)) * hi(ub));
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t w = w0 + j;
+        const uint32_t ua = word(a, w), ub = word(b, w);
+        const float al = lo(ua), ah = hi(ua);
+        put(y, w, act_e<K>(al, pre_at<K, false>(pre, j, al)) * lo(ub),
+            act_e<K>(ah, pre_at<K, false>(pre, kPreBlock + j, ah)) * hi(ub));
+      }
     }
   }
+  for (int64_t s = i0, len; s < n; s += len) {
+    len = std::min(kBlock<K>, n - s);
+    if constexpr (kTwoPass<K>) pre_elems<K, false, false>(a, nullptr, s, len, pre);
 #pragma omp simd
-  for (int64_t i = i0; i < n; ++i) store(y, i, act<K>(load<float>(a, i)) * load<float>(b, i));
+    for (int64_t j = 0; j < len; ++j) {
+      const float ai = load<float>(a, s + j);
+      store(y, s + j, act_e<K>(ai, pre_at<K, false>(pre, j, ai)) * load<float>(b, s + j));
+    }
+  }
 }
 
 // ga = g * b * act'(a), gb = g * act(a)
 template <int64_t K, typename T>
 void glu_grad_span(const T* __restrict g, const T* __restrict a, const T* __restrict b,
                    T* __restrict ga, T* __restrict gb, int64_t n) {
+  alignas(64) float pre[kTwoPass<K> ? 2 * kPreBlock : 1];  // one-loop kinds read none
+  const int64_t h = n / 2;
   int64_t i0 = 0;
   if constexpr (kWords<T>) {
-    i0 = n & ~int64_t{1};
+    i0 = 2 * h;
+    for (int64_t w0 = 0, len; w0 < h; w0 += len) {
+      len = std::min(kBlock<K>, h - w0);
+      if constexpr (kTwoPass<K>) pre_words<K, true, false>(a, nullptr, h, w0, len, pre);
 #pragma omp simd
-    for (int64_t w = 0; w < n / 2; ++w) {
-      const uint32_t ug = word(g, w), ua = word(a, w), ub = word(b, w);
-      float yl, dl, yh, dh;
-      act_and_grad<K>(lo(ua), yl, dl);
-      act_and_grad<K>(hi(ua), yh, dh);
-      put(ga, w, lo(ug) * lo(ub) * dl, hi(ug) * hi(ub) * dh);
-      put(gb, w, lo(ug) * yl, hi(ug) * yh);
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t w = w0 + j;
+        const uint32_t ug = word(g, w), ua = word(a, w), ub = word(b, w);
+        const float al = lo(ua), ah = hi(ua);
+        float yl, dl, yh, dh;
+        act_and_grad_e<K>(al, pre_at<K, true>(pre, j, al), yl, dl);
+        act_and_grad_e<K>(ah, pre_at<K, true>(pre, kPreBlock + j, ah), yh, dh);
+        put(ga, w, lo(ug) * lo(ub) * dl, hi(ug) * hi(ub) * dh);
+        put(gb, w, lo(ug) * yl, hi(ug) * yh);
+      }
     }
   }
+  for (int64_t s = i0, len; s < n; s += len) {
+    len = std::min(kBlock<K>, n - s);
+    if constexpr (kTwoPass<K>) pre_elems<K, true, false>(a, nullptr, s, len, pre);
 #pragma omp simd
-  for (int64_t i = i0; i < n; ++i) {
-    float y, dy;
-    act_and_grad<K>(load<float>(a, i), y, dy);
-    const float gi = load<float>(g, i);
-    store(ga, i, gi * load<float>(b, i) * dy);
-    store(gb, i, gi * y);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = s + j;
+      const float ai = load<float>(a, i);
+      float y, dy;
+      act_and_grad_e<K>(ai, pre_at<K, true>(pre, j, ai), y, dy);
+      const float gi = load<float>(g, i);
+      store(ga, i, gi * load<float>(b, i) * dy);
+      store(gb, i, gi * y);
+    }
   }
 }
 
