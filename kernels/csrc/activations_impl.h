@@ -51,7 +51,7 @@ FL_INLINE float erf_abs_scaled(float x) {
 
 // exp(-|z|), the one exp of a sigmoid: -|z| is one OR of the sign bit. Split from the rest (the
 // *_e forms below take it as e) so that the span loops can compute it for a block first (see
-// "Two passes" below).
+// "Two passes" below). The inline exp is 17% faster than libmvec's expf, same ~2 ulp.
 FL_INLINE float exp_neg_abs(float z) {
   return fusionlens::exp_nonpos<FL_ISA>(float_from_bits(float_bits(z) | 0x80000000u));
 }
@@ -97,9 +97,6 @@ FL_INLINE float gelu_tanh_arg(float x, float x2) { return x * (kTanhC3 * x2 + kT
 // needs (the same, and for GELU (erf) the density's exp(-x^2 / 2)). act_e<K>(x, pre_fwd<K>(x)) is
 // act(x), bit for bit the single-pass form.
 template <int64_t K>
-inline constexpr bool kPreFwd = K != kGeluErf;  // whether act_e reads its pre at all
-
-template <int64_t K>
 FL_INLINE float sigmoid_arg(float x) {  // SiLU: x; GELU (tanh): 2u
   if constexpr (K == kSilu) return x;
   else return gelu_tanh_arg(x, x * x);
@@ -107,8 +104,8 @@ FL_INLINE float sigmoid_arg(float x) {  // SiLU: x; GELU (tanh): 2u
 
 template <int64_t K>
 FL_INLINE float pre_fwd(float x) {
-  if constexpr (kPreFwd<K>) return exp_neg_abs(sigmoid_arg<K>(x));
-  else return 0.0f;
+  if constexpr (K == kGeluErf) return 0.0f;  // act_e reads none
+  else return exp_neg_abs(sigmoid_arg<K>(x));
 }
 
 template <int64_t K>
@@ -120,7 +117,7 @@ FL_INLINE float pre_grad(float x) {
 template <int64_t K>
 FL_INLINE float act_e(float x, float e) {
   if constexpr (K == kSilu) {
-    return x * sigmoid_e(x, e);  // inline exp: 17% faster than libmvec's expf, same ~2 ulp
+    return x * sigmoid_e(x, e);
   } else if constexpr (K == kGeluErf) {
     return 0.5f * (x + std::fabs(x) * erf_abs_scaled(x));
   } else {

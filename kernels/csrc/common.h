@@ -239,19 +239,15 @@ FL_INLINE float exp_nonpos(float x_in) {
   // checked) where the unsigned range test took three instructions (AVX2 has no unsigned
   // compare): 1.03-1.1x on the AVX2 activations, 1.02-1.05x on softmax and cross-entropy forwards,
   // same bits (benchmarks/kernels/act_ab.py; 2026-12-04).
-  uint32_t under;
+  uint32_t under, bc;  // bc: x clamped to -87 (the value is masked off below)
   if constexpr (ISA >= 512) {
     under = static_cast<uint32_t>(b > 0xc2ae0000u) & static_cast<uint32_t>(b <= 0xff800000u);
-  } else {
-    under = static_cast<uint32_t>(x_in < -87.0f);
-  }
-  const uint32_t keep = under - 1u;  // all ones unless the result underflows to 0
-  uint32_t bc;  // clamped to -87 (the value is masked off below)
-  if constexpr (ISA >= 512) {
     bc = under ? 0xc2ae0000u : b;
   } else {
-    bc = (0xc2ae0000u & (0u - under)) | (b & keep);
+    under = static_cast<uint32_t>(x_in < -87.0f);
+    bc = (0xc2ae0000u & (0u - under)) | (b & (under - 1u));
   }
+  const uint32_t keep = under - 1u;  // all ones unless the result underflows to 0
   const float x = float_from_bits(bc);
   // t = x / ln2 + 1.5 * 2^23 rounds x / ln2 to the nearest integer n (|n| <= 126 sits in t's low
   // mantissa bits); n = t - 1.5 * 2^23 exactly. x = n ln2 + r, |r| <= ln2 / 2.
