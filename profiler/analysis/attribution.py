@@ -132,13 +132,13 @@ def _launch_links(ev: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
 def _leaf_by_external_id(scopes: pd.DataFrame, code_sorted_pos: np.ndarray, is_op: np.ndarray,
                          rank: np.ndarray, ext: pd.Series) -> np.ndarray:
     """Sorted scope position of the cpu_op with this (rank, External id), else -1."""
+    # Int64 arrays throughout (.array, not .to_numpy(): an id column with NA would become float64
+    # and ids past 2^53 would stop comparing equal, or fail the cast back).
     ops = pd.DataFrame({"rank": scopes["rank"].to_numpy()[is_op],
-                        "external_id": scopes["external_id"].to_numpy()[is_op],
+                        "external_id": pd.array(scopes["external_id"].array[is_op], dtype="Int64"),
                         "pos": code_sorted_pos[is_op]}).dropna(subset=["external_id"])
     ops = ops.drop_duplicates(["rank", "external_id"])
-    q = pd.DataFrame({"rank": rank, "external_id": ext.to_numpy()})
-    q["external_id"] = q["external_id"].astype("Int64")
-    ops["external_id"] = ops["external_id"].astype("Int64")
+    q = pd.DataFrame({"rank": rank, "external_id": pd.array(ext.array, dtype="Int64")})
     got = q.merge(ops, on=["rank", "external_id"], how="left")["pos"]
     return got.fillna(-1).to_numpy(np.int64)
 
@@ -215,7 +215,7 @@ def attribution(trace) -> Attribution:
         "link": pd.Categorical.from_codes(np.where(leaf_ext >= 0, 0, np.where(leaf_cont >= 0, 1, 2)), LINKS),
         "op": _categorical(_at(codes_sorted, op), cats),
         "op_index": _at(scopes.index.to_numpy()[nest.order], op),
-        "op_input_dims": scopes["input_dims"].array.take(np.where(op >= 0, nest.order[np.maximum(op, 0)], -1), allow_fill=True),
+        "op_input_dims": scopes["input_dims"].array.take(_at(nest.order, op), allow_fill=True),
         "top_op": _categorical(_at(codes_sorted, _at(top_op, leaf)), cats),
         "module": _categorical(_at(codes_sorted, mod), cat_text),
         "module_path": _categorical(_at(mod_code, mod), mod_strings),

@@ -46,6 +46,7 @@ from profiler.analysis import cpu_comm
 from profiler.analysis import intervals as iv
 from profiler.analysis import kernel_types as kt
 from profiler.analysis.registry import register_analysis
+from profiler.trace.links import step_number
 
 # The step breakdown's categories (output columns) ...
 CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "cpu_only", "other")
@@ -60,8 +61,19 @@ _RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "cuda_sync")
 _OTHER_KINDS = ("python_function", "user_annotation")
 
 
+def _step_numbers(names: pd.Series) -> np.ndarray:
+    """int64 N per row named `ProfilerStep#N` (the trace's own rule, links.step_number), -1 elsewhere:
+    a name like `ProfilerStep#0.5` or one with 20 digits is no marker, here as in the `step` column."""
+    def numbers(cats: list) -> np.ndarray:
+        return np.array([-1 if (n := step_number(str(c))) is None else n for c in cats], dtype=np.int64)
+
+    out = kt.per_distinct(names, numbers)
+    out[names.isna().to_numpy()] = -1  # per_distinct fills missing names with 0
+    return out
+
+
 def _is_step_marker(names: pd.Series) -> np.ndarray:
-    return kt.per_distinct(names, lambda cats: np.array([str(c).startswith(STEP_PREFIX) for c in cats], dtype=bool))
+    return _step_numbers(names) >= 0
 
 
 def step_windows(trace) -> pd.DataFrame:
@@ -71,10 +83,10 @@ def step_windows(trace) -> pd.DataFrame:
     all their events with `step` <NA> and `step_name` "all".
     """
     ev = trace.events
-    marker = _is_step_marker(ev["name"]) & (~ev["kind"].isin(kt.GPU_ACTIVITY_KINDS + ("gpu_user_annotation",))).to_numpy()
-    steps = ev.loc[marker, ["rank", "name", "ts_us", "dur_us"]].copy()
-    steps["step"] = pd.to_numeric(steps["name"].astype(str).str.slice(len(STEP_PREFIX)), errors="coerce").astype("Int32")
-    steps = steps.dropna(subset=["step"])
+    numbers = _step_numbers(ev["name"])
+    marker = (numbers >= 0) & (~ev["kind"].isin(kt.GPU_ACTIVITY_KINDS + ("gpu_user_annotation",))).to_numpy()
+    steps = ev.loc[marker, ["rank", "ts_us", "dur_us"]].copy()
+    steps["step"] = pd.array(numbers[marker], dtype="Int32")
     steps = (steps.assign(end_us=steps["ts_us"] + steps["dur_us"])
              .groupby(["rank", "step"], as_index=False, observed=True)
              .agg(start_us=("ts_us", "min"), cpu_end_us=("end_us", "max")))

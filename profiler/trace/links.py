@@ -38,14 +38,21 @@ def _contained(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray, labels: np.
     return out
 
 
+def step_number(label: str) -> int | None:
+    """N of a `ProfilerStep#N` marker's name, else None. At most 9 digits, so that N fits the
+    Int32 `step` column; the analyses read markers by this same rule (breakdown.step_windows)."""
+    m = STEP_NAME.match(label)
+    return int(m.group(1)) if m and len(m.group(1)) < 10 else None
+
+
 def assign_steps(kind: np.ndarray, name_codes: np.ndarray, names: list[str], ts: np.ndarray,
                  dur: np.ndarray, correlation: np.ndarray) -> np.ndarray:
     """int64 step per row (MISSING when outside every ProfilerStep); names[code] is the name."""
     step_of_code = np.full(len(names) + 1, MISSING, np.int64)
     for code, label in enumerate(names):
-        m = STEP_NAME.match(label)
-        if m and len(m.group(1)) < 10:
-            step_of_code[code] = int(m.group(1))
+        n = step_number(label)
+        if n is not None:
+            step_of_code[code] = n
     step_of_row = step_of_code[name_codes]  # code -1 (missing) maps to the trailing MISSING
     is_step = step_of_row != MISSING
     device_side = np.isin(kind, DEVICE_SIDE)

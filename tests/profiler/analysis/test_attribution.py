@@ -110,6 +110,34 @@ def test_wrong_external_id_is_rejected_for_containment(tmp_path):
     assert (k["op"], k["link"]) == ("aten::mul", "containment")
 
 
+def test_kernels_without_any_cpu_scope_are_unattributed(tmp_path):
+    """A trace with GPU rows but no op, annotation or module scope at all (a GPU-only capture, or
+    one whose CPU side was cut away; found by tests/profiler/trace/fuzz_ingest.py)."""
+    t = SynthTrace()
+    c = t.new_corr()
+    t.runtime("cudaLaunchKernel", 0, 2, corr=c)
+    t.kernel("k0", 5, 3, corr=c)
+    t.kernel("k1", 9, 4, corr=t.new_corr())
+    res = attribution(load(t, tmp_path))
+    assert len(res.kernels) == 2 and res.kernels["op"].isna().all() and res.kernels["op_input_dims"].isna().all()
+    assert list(res.kernels["link"]) == ["none", "none"] and len(res.ops) == 0
+
+
+def test_external_ids_past_2_to_the_53_stay_exact(tmp_path):
+    """Ids 2^60 and 2^60 + 1 are one float64: they must stay two ids (with a scope that has no id,
+    the column used to go through float64 and the cast back raised; found by fuzz_ingest.py)."""
+    t = SynthTrace()
+    t.cpu_op("aten::outer", 0, 100)  # no External id
+    for i, (op, kernel) in enumerate((("aten::a", "ka"), ("aten::b", "kb"))):
+        ext, c = 2**60 + i, t.new_corr()
+        t.cpu_op(op, 10 + 40 * i, 30, ext=ext)
+        t.runtime("cudaLaunchKernel", 12 + 40 * i, 2, corr=c, ext=ext)
+        t.kernel(kernel, 20 + 40 * i, 3, corr=c, ext=ext)
+    k = attribution(load(t, tmp_path)).kernels.set_index("name")
+    assert (k.loc["ka", "op"], k.loc["kb", "op"]) == ("aten::a", "aten::b")
+    assert set(k["link"]) == {"external_id"}
+
+
 @pytest.mark.parametrize("name", REAL_TRACES)
 def test_every_real_trace_attributes_consistently(name):
     tr = real_trace(name)

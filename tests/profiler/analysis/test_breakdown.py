@@ -92,6 +92,23 @@ def test_two_ranks_and_no_steps(tmp_path):
     assert list(tmp["compute_us"]) == [10, 40] and list(tmp["idle_us"]) == [0, 0]
 
 
+def test_names_that_only_look_like_step_markers_are_not_steps(tmp_path):
+    """`ProfilerStep#0.5`, `#1e3`, `#-3` and a 20-digit number are no markers, here as in the
+    trace's `step` column (found by tests/profiler/trace/fuzz_ingest.py: the Int32 cast raised)."""
+    t = SynthTrace()
+    t.step(1, 0, 100)
+    for i, name in enumerate(("ProfilerStep#0.5", "ProfilerStep#1e3", "ProfilerStep#-3", "ProfilerStep#" + "9" * 20)):
+        t.annotation(name, 10 + 10 * i, 5)
+    t.launch("aten::x", "k", cpu_ts=60, kernel_ts=70, dur=10)
+    tr = load(t, tmp_path)
+    assert tr.events["step"].dropna().unique().tolist() == [1]
+    windows = bd.step_windows(tr)
+    assert list(windows["step_name"]) == ["ProfilerStep#1"]
+    res = bd.step_breakdown(tr)
+    assert list(res["kernel_us"]) == [10]
+    assert res["other_us"].iloc[0] == 20  # the four look-alikes count as plain annotations
+
+
 def sweep_union(intervals) -> float:
     """Plain-Python union length of (start, end) pairs."""
     total, cur_s, cur_e = 0.0, None, None

@@ -1,0 +1,364 @@
+"""Mutation fuzzing of trace ingestion and of everything that reads a loaded Trace.
+
+`python -m tests.profiler.trace.fuzz_ingest --seconds 300` (`make fuzz-trace`; not part of
+`make test`, whose test_fuzz_ingest_smoke.py runs a fixed set of seeds) takes the small real traces
+of tests/data/traces, mutates each draw the way broken or unusual profiler output looks (fields of
+the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic links, shuffled,
+duplicated or dropped events, odd metadata, garbage kernel names, a second rank, truncated or
+flipped bytes), and checks the contract a user of the Load page relies on:
+
+1. `load_trace` returns a Trace or raises TraceError with one line (< 400 characters); nothing else.
+2. A Trace it returns goes through the Load page's summary (`summarize` and pages/load_view.py's
+   helpers) and `build_report` (every registered analysis and rule, as `python -m profiler report`
+   runs them) with no analysis or rule failing (`report["errors"]` empty), and the report
+   serialises as strict JSON (no NaN).
+
+A failure prints one line with the seed that reproduces it:
+`python -m tests.profiler.trace.fuzz_ingest --seed S --cases 1 [--show]`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import random
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
+MAX_CORPUS_BYTES = 200_000  # compressed: keeps a case well under a second on one core
+MAX_MESSAGE = 400
+
+
+def corpus() -> dict[str, dict]:
+    """The small real traces, parsed once: {file name: document}."""
+    docs = {}
+    for path in sorted(TRACES_DIR.glob("*.json.gz")):
+        if path.stat().st_size <= MAX_CORPUS_BYTES:
+            docs[path.name] = json.loads(gzip.decompress(path.read_bytes()))
+    if not docs:
+        raise SystemExit(f"fuzz_ingest: no trace under {MAX_CORPUS_BYTES} bytes in {TRACES_DIR}")
+    return docs
+
+
+# ---- values and mutations ------------------------------------------------------------------------
+
+NASTY = (None, "", "abc", "12", "1e3", -1, 0, 1, 7, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1,
+         1e308, -1e308, 1e-320, 0.5, -0.5, 3.7, True, False, [], {}, [1, 2], {"a": 1}, "x" * 5000,
+         "\u00e9\u4e2d\U0001f600", "_ZN3foo3barEv", "_Z", "_ZNK" + "N" * 50, "void k<(int)1>(float*)")
+PHASES = ("X", "B", "E", "i", "I", "s", "f", "t", "C", "M", "b", "e", "n", "", "XX", "x")
+CATEGORIES = ("kernel", "Kernel", "cpu_op", "Operator", "cuda_runtime", "cuda_driver", "gpu_memcpy", "gpu_memset",
+              "user_annotation", "gpu_user_annotation", "python_function", "ac2g", "fwdbwd", "cuda_sync",
+              "Trace", "", "made_up")
+ARG_KEYS = ("correlation", "External id", "stream", "device", "context", "grid", "block", "Python id",
+            "Python parent id", "Ev Idx", "Input Dims", "Input type", "Collective name", "In msg nelems",
+            "Group size", "Process Group Ranks", "Process Group Name", "bytes", "memory bandwidth (GB/s)",
+            "registers per thread", "shared memory", "est. achieved occupancy %", "Bytes", "Total Allocated",
+            "Total Reserved", "Addr", "Device Id", "Device Type")
+
+
+def _events(doc: dict) -> list:
+    ev = doc.get("traceEvents")
+    return ev if isinstance(ev, list) else []
+
+
+def _some(rng: random.Random, events: list, most: int = 40) -> list:
+    """A few events, the ones that are dicts."""
+    picked = rng.sample(range(len(events)), min(len(events), rng.randint(1, most))) if events else []
+    return [events[i] for i in picked if isinstance(events[i], dict)]
+
+
+def m_field_value(rng, doc):
+    """An event field (top level or args) set to a value of the wrong type or an absurd number."""
+    for e in _some(rng, _events(doc)):
+        if rng.random() < 0.5 or not isinstance(e.get("args"), dict):
+            key = rng.choice(("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "bp", "args", "s"))
+            e[key] = rng.choice(NASTY)
+        else:
+            e["args"][rng.choice(ARG_KEYS)] = rng.choice(NASTY)
+
+
+def m_drop_field(rng, doc):
+    for e in _some(rng, _events(doc)):
+        keys = list(e) + [f"args.{k}" for k in e.get("args", {})] if isinstance(e.get("args"), dict) else list(e)
+        if keys:
+            k = rng.choice(keys)
+            if k.startswith("args."):
+                e["args"].pop(k[5:], None)
+            else:
+                e.pop(k, None)
+
+
+def m_phase_category(rng, doc):
+    for e in _some(rng, _events(doc)):
+        if rng.random() < 0.5:
+            e["ph"] = rng.choice(PHASES)
+        else:
+            e["cat"] = rng.choice(CATEGORIES)
+
+
+def m_times(rng, doc):
+    """Timestamps and durations: negative, zero, equal, huge, reversed, sub-microsecond."""
+    events = _events(doc)
+    how = rng.choice(("neg_dur", "zero_dur", "same_ts", "huge_ts", "neg_ts", "shift", "tiny", "swap"))
+    for e in _some(rng, events, 200):
+        if how == "neg_dur":
+            e["dur"] = -abs(float(e.get("dur", 1) or 1) if isinstance(e.get("dur"), (int, float)) else 1.0)
+        elif how == "zero_dur":
+            e["dur"] = 0
+        elif how == "same_ts":
+            e["ts"] = 1000.0
+        elif how == "huge_ts":
+            e["ts"] = rng.choice((1e15, 1.7e12, 9.2e18, 1e30))
+        elif how == "neg_ts":
+            e["ts"] = -rng.random() * 1e6
+        elif how == "shift" and isinstance(e.get("ts"), (int, float)):
+            e["ts"] = e["ts"] + rng.uniform(-1e4, 1e4)
+        elif how == "tiny" and isinstance(e.get("ts"), (int, float)):
+            e["ts"] = e["ts"] + 1e-4
+            e["dur"] = 1e-4
+        elif how == "swap" and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)):
+            e["ts"], e["dur"] = e["dur"], e["ts"]
+
+
+def m_links(rng, doc):
+    """Correlation ids, flow ids and Python parents pointed elsewhere: dangling, shared, cyclic."""
+    events = [e for e in _events(doc) if isinstance(e, dict)]
+    ids = [e["args"].get("correlation") for e in events if isinstance(e.get("args"), dict)] or [1]
+    for e in _some(rng, events, 100):
+        args = e.setdefault("args", {}) if isinstance(e.get("args", {}), dict) else None
+        if args is None:
+            continue
+        choice = rng.random()
+        if choice < 0.3:
+            args["correlation"] = rng.choice(ids + [0, -1, 10**12])
+        elif choice < 0.5:
+            args["External id"] = rng.choice(ids + [0, -5])
+        elif choice < 0.7:
+            args["Python parent id"] = args.get("Python id", 1)  # its own parent
+        elif choice < 0.85 and e.get("ph") in ("s", "f"):
+            e["id"] = rng.choice(ids + [0, "x"])
+        else:
+            args["Python id"] = rng.randint(0, 3)  # many share one id
+
+
+def m_structure(rng, doc):
+    """Events duplicated, dropped, shuffled, reversed, or non-dict entries planted."""
+    events = _events(doc)
+    how = rng.choice(("dup", "drop", "shuffle", "reverse", "junk", "keep_kind"))
+    if how == "dup" and events:
+        for e in _some(rng, events, 60):
+            events.insert(rng.randrange(len(events) + 1), copy.deepcopy(e))
+    elif how == "drop":
+        keep = rng.uniform(0.05, 0.95)
+        doc["traceEvents"] = [e for e in events if rng.random() < keep]
+    elif how == "shuffle":
+        rng.shuffle(events)
+    elif how == "reverse":
+        events.reverse()
+    elif how == "junk":
+        for _ in range(rng.randint(1, 3)):
+            events.insert(rng.randrange(len(events) + 1), rng.choice(NASTY))
+    else:  # only one kind of event left: a CPU-only or GPU-only trace
+        cats = sorted({str(e.get("cat")) for e in events if isinstance(e, dict)})
+        if cats:
+            cat = rng.choice(cats)
+            doc["traceEvents"] = [e for e in events if isinstance(e, dict) and (str(e.get("cat")) == cat or e.get("ph") == "M")]
+
+
+def m_metadata(rng, doc):
+    """The document's own keys: distributedInfo, deviceProperties, units, schema."""
+    key = rng.choice(("distributedInfo", "deviceProperties", "displayTimeUnit", "schemaVersion", "baseTimeNanoseconds",
+                      "traceName", "cupti_version"))
+    if key == "distributedInfo":
+        doc[key] = rng.choice((None, {}, {"rank": rng.choice(NASTY)}, {"rank": 3, "world_size": 2},
+                               {"rank": 0, "world_size": 0}, {"backend": "nccl", "rank": 1, "world_size": 8}, "x"))
+    elif key == "deviceProperties":
+        doc[key] = rng.choice((None, [], [{}], [{"id": "x", "name": 5}], [{"id": 0, "name": "NVIDIA H200",
+                               "totalGlobalMem": -1, "numSms": 0, "computeMajor": 9, "computeMinor": 0}], {"a": 1}))
+    elif key == "displayTimeUnit":
+        doc[key] = rng.choice(("ns", "ms", "us", "", 3))
+    else:
+        doc[key] = rng.choice(NASTY)
+
+
+def m_names(rng, doc):
+    """Kernel and op names: empty, huge, mangled-looking garbage, non-ASCII, templates."""
+    for e in _some(rng, _events(doc), 60):
+        base = str(e.get("name", ""))
+        e["name"] = rng.choice(("", base * 50, "_ZN" + base, "_ZN7ck_tile" + "9" * rng.randint(1, 30) + "x",
+                                "_Z" + "".join(rng.choice("NKSt0123456789_EIv") for _ in range(rng.randint(1, 80))),
+                                base + "\u00e9\U0001f600", "void " + base + "<" * 40, "ProfilerStep#" + str(rng.choice(NASTY))))
+
+
+MUTATORS: dict[str, Callable[[random.Random, dict], None]] = {
+    "field_value": m_field_value,
+    "drop_field": m_drop_field,
+    "phase_category": m_phase_category,
+    "times": m_times,
+    "links": m_links,
+    "structure": m_structure,
+    "metadata": m_metadata,
+    "names": m_names,
+}
+
+
+def second_rank(rng: random.Random, doc: dict) -> dict:
+    """A copy of `doc` as another rank of the same job (shifted in time), for the multi-rank analyses."""
+    other = copy.deepcopy(doc)
+    info = other.get("distributedInfo") if isinstance(other.get("distributedInfo"), dict) else {}
+    rank = info.get("rank", 0) if isinstance(info.get("rank"), int) else 0
+    other["distributedInfo"] = {**info, "rank": rank + 1, "world_size": max(2, rank + 2)}
+    shift = rng.uniform(-50.0, 50.0)
+    for e in _events(other):
+        if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)) and not isinstance(e.get("ts"), bool):
+            e["ts"] = e["ts"] + shift
+    return other
+
+
+def corrupt_bytes(rng: random.Random, data: bytes) -> bytes:
+    """Truncated, flipped or spliced bytes, sometimes gzipped afterwards."""
+    how = rng.choice(("truncate", "flip", "splice", "gzip_truncate"))
+    if how == "truncate":
+        return data[: rng.randrange(len(data) + 1)]
+    if how == "flip":
+        buf = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            i = rng.randrange(len(buf))
+            buf[i] = rng.randrange(256)
+        return bytes(buf)
+    if how == "splice":
+        i, j = sorted(rng.randrange(len(data) + 1) for _ in range(2))
+        return data[:i] + data[j:] + data[i:j]
+    packed = gzip.compress(data, compresslevel=1)
+    return packed[: rng.randrange(len(packed) + 1)]
+
+
+# ---- one case ------------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    seed: int
+    source: str
+    mutations: list
+    payloads: list  # bytes, one per rank
+
+    def describe(self) -> str:
+        return f"seed {self.seed}: {self.source} with {', '.join(self.mutations) or 'no mutation'}"
+
+
+def draw(seed: int, docs: dict[str, dict]) -> Case:
+    """The case of one seed: a trace, 1-4 mutations, maybe a second rank, maybe byte damage."""
+    rng = random.Random(seed)
+    name = rng.choice(sorted(docs))
+    doc = copy.deepcopy(docs[name])
+    names = [rng.choice(sorted(MUTATORS)) for _ in range(rng.randint(1, 4))]
+    for m in names:
+        MUTATORS[m](rng, doc)
+    ranks = [doc]
+    if rng.random() < 0.25:
+        ranks.append(second_rank(rng, doc))
+        names.append("second_rank")
+    payloads = [json.dumps(d).encode() for d in ranks]
+    if rng.random() < 0.1:
+        payloads[0] = corrupt_bytes(rng, payloads[0])
+        names.append("bytes")
+    elif rng.random() < 0.3:
+        payloads = [gzip.compress(p, compresslevel=1) for p in payloads]
+        names.append("gzip")
+    return Case(seed, name, names, payloads)
+
+
+def check(case: Case) -> tuple[str, Optional[str]]:
+    """(outcome, problem): outcome "loaded" or "refused" (a TraceError); problem None when the
+    contract holds, else one line saying how it broke."""
+    from profiler.trace import TraceError, load_trace
+
+    source = case.payloads[0] if len(case.payloads) == 1 else list(case.payloads)
+    try:
+        trace = load_trace(source, workers=1)
+    except TraceError as exc:
+        msg = str(exc)
+        if "\n" in msg or len(msg) >= MAX_MESSAGE or not msg.strip():
+            return "refused", f"TraceError message is not one short line: {msg[:200]!r}"
+        return "refused", None
+    except Exception as exc:  # noqa: BLE001 - the point: anything but TraceError is a bug
+        return "raised", f"load_trace raised {type(exc).__name__}: {_where(exc)}"
+    return "loaded", _check_loaded(trace)
+
+
+def _check_loaded(trace) -> Optional[str]:
+    from pages import load_view as lv
+    from profiler.analysis.report_json import build_report
+    from profiler.trace.summary import summarize
+
+    try:  # what the Load page shows of a trace, through the same pure helpers
+        summary = summarize(trace)
+        lv.fmt_duration_us(summary["kernel_total_us"]), lv.fmt_duration_us(summary["span_us"])
+        lv.clock_warning(trace), lv.rank_frame(trace), lv.identity_line(trace.meta), lv.top_kernels(trace, 15)
+    except Exception as exc:  # noqa: BLE001
+        return f"the Load page's summary raised {type(exc).__name__}: {_where(exc)}"
+    try:
+        report = build_report(trace)
+    except Exception as exc:  # noqa: BLE001
+        return f"build_report raised {type(exc).__name__}: {_where(exc)}"
+    if report["errors"]:
+        name, err = next(iter(report["errors"].items()))
+        return f"analysis {name} failed: {err[:200]}" + (f" (+{len(report['errors']) - 1} more)" if len(report["errors"]) > 1 else "")
+    try:
+        json.dumps(report, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"report is not strict JSON: {exc}"
+    return None
+
+
+def _where(exc: BaseException) -> str:
+    """The message and the innermost project frame, in one line."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/profiler/" in f.filename or "/pages/" in f.filename]
+    at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{str(exc)[:200]}{at}".replace("\n", " ")
+
+
+def run(seed: int, cases: Optional[int], seconds: float, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Cases seed, seed + 1, ... until `cases` ran or `seconds` passed."""
+    docs = corpus()
+    start = time.perf_counter()
+    failures, n, outcomes = [], 0, {}
+    while (cases is None or n < cases) and time.perf_counter() - start < seconds:
+        case = draw(seed + n, docs)
+        n += 1
+        outcome, problem = check(case)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if problem:
+            failures.append((case, problem))
+            log(f"FAIL {case.describe()}: {problem}")
+    return {"cases": n, "failures": failures, "seconds": time.perf_counter() - start, "outcomes": outcomes}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=None, help="first case's seed (default: from the clock)")
+    ap.add_argument("--cases", type=int, default=None, help="stop after this many cases")
+    ap.add_argument("--seconds", type=float, default=300.0, help="stop after this long (default 300)")
+    ap.add_argument("--show", action="store_true", help="write the first case's payloads to ./fuzz_case_*.json")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time()) * 1000
+    print(f"fuzz_ingest: seed {seed}; corpus: {', '.join(corpus())}", flush=True)
+    if args.show:
+        case = draw(seed, corpus())
+        for i, p in enumerate(case.payloads):
+            Path(f"fuzz_case_{i}.json").write_bytes(p)
+        print(case.describe())
+    out = run(seed, args.cases, args.seconds, log=lambda s: print(s, flush=True))
+    seen = ", ".join(f"{k} {v}" for k, v in sorted(out["outcomes"].items()))
+    print(f"fuzz_ingest: {out['cases']} cases in {out['seconds']:.0f} s ({seen}); {len(out['failures'])} failed")
+    return 1 if out["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
