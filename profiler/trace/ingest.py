@@ -71,19 +71,26 @@ def _file_frame(fd: FileData) -> FileFrame:
     return FileFrame(fd.label, cols, sparse, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound)
 
 
+MAX_RANK = 2**31 - 1  # the `rank` column is int32
+
+
 def _assign_ranks(frames: list[FileFrame], rank: Any) -> list[tuple[int, str]]:
-    """(rank, how it was decided) per file; duplicates raise."""
+    """(rank, how it was decided) per file; duplicates raise. A distributedInfo.rank that is not
+    an integer in [0, MAX_RANK] counts as absent; a caller's rank out of that range raises."""
     if rank is not None:
         given = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
         if len(given) != len(frames) or not all(isinstance(r, (int, np.integer)) for r in given):
             raise TraceError(f"rank= gives {len(given)} rank(s) for {len(frames)} trace file(s)")
+        if not all(0 <= r <= MAX_RANK for r in given):
+            raise TraceError(f"rank= must be between 0 and {MAX_RANK}, got {[int(r) for r in given]}"[:300])
         explicit: list[int | None] = [int(r) for r in given]
         how = "given by the caller"
     else:
         explicit = []
         for f in frames:
             r = (f.meta.get("distributed_info") or {}).get("rank")
-            explicit.append(int(r) if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None)
+            ok = isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK
+            explicit.append(int(r) if ok else None)
         how = "distributedInfo.rank"
     owner: dict[int, str] = {}
     for f, r in zip(frames, explicit):

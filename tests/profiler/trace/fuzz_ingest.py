@@ -5,7 +5,7 @@
 of tests/data/traces, mutates each draw the way broken or unusual profiler output looks (fields of
 the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic links, shuffled,
 duplicated or dropped events, odd metadata, garbage kernel names, a second rank, truncated or
-flipped bytes), and checks the contract a user of the Load page relies on:
+flipped bytes; sometimes a real trace to diff against), and checks the contract a user of the Load page relies on:
 
 1. `load_trace` returns a Trace or raises TraceError with one line (< 400 characters); nothing else.
 2. A Trace it returns goes through the Load page's summary (`summarize` and pages/load_view.py's
@@ -247,13 +247,16 @@ class Case:
     source: str
     mutations: list
     payloads: list  # bytes, one per rank
+    compare: Optional[tuple[str, bytes]] = None  # (name, JSON) of an unmutated trace to diff against
 
     def describe(self) -> str:
-        return f"seed {self.seed}: {self.source} with {', '.join(self.mutations) or 'no mutation'}"
+        diff = f", diffed against {self.compare[0]}" if self.compare else ""
+        return f"seed {self.seed}: {self.source} with {', '.join(self.mutations) or 'no mutation'}{diff}"
 
 
 def draw(seed: int, docs: dict[str, dict]) -> Case:
-    """The case of one seed: a trace, 1-4 mutations, maybe a second rank, maybe byte damage."""
+    """The case of one seed: a trace, 1-4 mutations, maybe a second rank, maybe byte damage, maybe
+    a real trace to diff it against (drawn last, so the earlier draws of a seed never change)."""
     rng = random.Random(seed)
     name = rng.choice(sorted(docs))
     doc = copy.deepcopy(docs[name])
@@ -271,7 +274,11 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
     elif rng.random() < 0.3:
         payloads = [gzip.compress(p, compresslevel=1) for p in payloads]
         names.append("gzip")
-    return Case(seed, name, names, payloads)
+    compare = None
+    if rng.random() < 0.2:
+        other = rng.choice(sorted(docs))
+        compare = (other, json.dumps(docs[other]).encode())
+    return Case(seed, name, names, payloads, compare)
 
 
 def check(case: Case) -> tuple[str, Optional[str]]:
@@ -289,10 +296,11 @@ def check(case: Case) -> tuple[str, Optional[str]]:
         return "refused", None
     except Exception as exc:  # noqa: BLE001 - the point: anything but TraceError is a bug
         return "raised", f"load_trace raised {type(exc).__name__}: {_where(exc)}"
-    return "loaded", _check_loaded(trace)
+    compare = load_trace(case.compare[1], workers=1) if case.compare else None
+    return "loaded", _check_loaded(trace, compare)
 
 
-def _check_loaded(trace) -> Optional[str]:
+def _check_loaded(trace, compare=None) -> Optional[str]:
     from pages import load_view as lv
     from profiler.analysis.report_json import build_report
     from profiler.trace.summary import summarize
@@ -304,7 +312,7 @@ def _check_loaded(trace) -> Optional[str]:
     except Exception as exc:  # noqa: BLE001
         return f"the Load page's summary raised {type(exc).__name__}: {_where(exc)}"
     try:
-        report = build_report(trace)
+        report = build_report(trace, compare=compare)
     except Exception as exc:  # noqa: BLE001
         return f"build_report raised {type(exc).__name__}: {_where(exc)}"
     if report["errors"]:

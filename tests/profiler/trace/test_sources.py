@@ -64,6 +64,22 @@ def test_rank_override():
         load_trace([NO_RANK_A, NO_RANK_B], rank=4)
 
 
+@pytest.mark.parametrize("bad", [2**31, 2**63, -1, 1.5, "3", True])
+def test_a_distributed_rank_out_of_range_counts_as_absent(bad):
+    """The rank column is int32: distributedInfo.rank 2^63 raised OverflowError from numpy
+    (found by tests/profiler/trace/fuzz_ingest.py); such a rank is now no rank at all."""
+    doc = json.loads(gzip.decompress(NO_RANK_A.read_bytes()))
+    doc["distributedInfo"] = {"rank": bad, "world_size": 2}
+    tr = load_trace(json.dumps(doc).encode())
+    assert tr.ranks == (0,) and tr.meta["per_rank"][0]["rank_source"].startswith("default")
+
+
+def test_a_callers_rank_out_of_range_is_one_line():
+    for bad in (2**31, -1):
+        msg = str(pytest.raises(TraceError, load_trace, NO_RANK_A, rank=bad).value)
+        assert "between 0 and 2147483647" in msg and "\n" not in msg
+
+
 def test_directory_of_ranks(tmp_path):
     shutil.copy(RANK0, tmp_path / "r0.json.gz")
     (tmp_path / "sub").mkdir()
