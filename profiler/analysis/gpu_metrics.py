@@ -119,6 +119,7 @@ def gpu_metrics(trace) -> pd.DataFrame:
     src_grid = _weighted((~np.isnan(from_grid)).astype(float), ones, key, keys) > 0
 
     occ = k["occupancy_pct"].astype("float64").to_numpy()
+    occ = np.where((occ >= 0) & (occ <= 100), occ, np.nan)  # a percentage; another value is unknown, not a weight
     has_occ = ~np.isnan(occ)
     occ_num = _weighted(np.nan_to_num(occ), inside * has_occ, key, keys)
     occ_den = _weighted(has_occ.astype(float), inside, key, keys)

@@ -41,6 +41,16 @@ def test_known_answer(tmp_path):
     assert m["num_sms"] == 108 and m["sm_efficiency_source"] == "grid/numSms"
 
 
+def test_an_occupancy_outside_0_to_100_is_unknown(tmp_path):
+    """One kernel's "est. achieved occupancy %" of 1e308 made the device's weighted mean inf (found
+    by tests/profiler/trace/fuzz_ingest.py); -5 would have pulled it down. Both count as unknown."""
+    t = metrics_scenario()
+    t.launch("aten::c", "kC", cpu_ts=40, kernel_ts=700, dur=100, occupancy_pct=1e308, stream=9)
+    t.launch("aten::d", "kE", cpu_ts=45, kernel_ts=800, dur=100, occupancy_pct=-5.0, stream=9)
+    m = gm.gpu_metrics(load(t, tmp_path)).iloc[0]
+    assert m["achieved_occupancy_pct"] == pytest.approx((50 * 100 + 25 * 200) / 300)
+
+
 def test_falls_back_to_blocks_per_sm_without_sm_count(tmp_path):
     m = gm.gpu_metrics(load(metrics_scenario(NoSmCount), tmp_path)).iloc[0]
     assert m["sm_efficiency_source"] == "blocks per SM" and pd.isna(m["num_sms"])

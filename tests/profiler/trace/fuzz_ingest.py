@@ -14,7 +14,8 @@ flipped bytes; sometimes a real trace to diff against), and checks the contract 
    serialises as strict JSON (no NaN).
 
 A failure prints one line with the seed that reproduces it:
-`python -m tests.profiler.trace.fuzz_ingest --seed S --cases 1 [--show]`.
+`python -m tests.profiler.trace.fuzz_ingest --seed S --cases 1 [--show]` (and the same `--max-bytes`,
+which picks the corpus the seed draws from).
 """
 from __future__ import annotations
 
@@ -35,14 +36,14 @@ MAX_CORPUS_BYTES = 200_000  # compressed: keeps a case well under a second on on
 MAX_MESSAGE = 400
 
 
-def corpus() -> dict[str, dict]:
-    """The small real traces, parsed once: {file name: document}."""
+def corpus(max_bytes: int = MAX_CORPUS_BYTES) -> dict[str, dict]:
+    """The real traces of at most `max_bytes` (gzipped), parsed once: {file name: document}."""
     docs = {}
     for path in sorted(TRACES_DIR.glob("*.json.gz")):
-        if path.stat().st_size <= MAX_CORPUS_BYTES:
+        if path.stat().st_size <= max_bytes:
             docs[path.name] = json.loads(gzip.decompress(path.read_bytes()))
     if not docs:
-        raise SystemExit(f"fuzz_ingest: no trace under {MAX_CORPUS_BYTES} bytes in {TRACES_DIR}")
+        raise SystemExit(f"fuzz_ingest: no trace under {max_bytes} bytes in {TRACES_DIR}")
     return docs
 
 
@@ -332,9 +333,10 @@ def _where(exc: BaseException) -> str:
     return f"{str(exc)[:200]}{at}".replace("\n", " ")
 
 
-def run(seed: int, cases: Optional[int], seconds: float, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(seed: int, cases: Optional[int], seconds: float, log: Callable[[str], None] = print,
+        max_bytes: int = MAX_CORPUS_BYTES) -> dict[str, Any]:
     """Cases seed, seed + 1, ... until `cases` ran or `seconds` passed."""
-    docs = corpus()
+    docs = corpus(max_bytes)
     start = time.perf_counter()
     failures, n, outcomes = [], 0, {}
     while (cases is None or n < cases) and time.perf_counter() - start < seconds:
@@ -353,16 +355,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="first case's seed (default: from the clock)")
     ap.add_argument("--cases", type=int, default=None, help="stop after this many cases")
     ap.add_argument("--seconds", type=float, default=300.0, help="stop after this long (default 300)")
+    ap.add_argument("--max-bytes", type=int, default=MAX_CORPUS_BYTES,
+                    help=f"corpus: the traces of at most this many bytes, gzipped (default {MAX_CORPUS_BYTES}; "
+                         "2000000 takes all of tests/data/traces, at several seconds a case)")
     ap.add_argument("--show", action="store_true", help="write the first case's payloads to ./fuzz_case_*.json")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) * 1000
-    print(f"fuzz_ingest: seed {seed}; corpus: {', '.join(corpus())}", flush=True)
+    print(f"fuzz_ingest: seed {seed}; corpus: {', '.join(corpus(args.max_bytes))}", flush=True)
     if args.show:
-        case = draw(seed, corpus())
+        case = draw(seed, corpus(args.max_bytes))
         for i, p in enumerate(case.payloads):
             Path(f"fuzz_case_{i}.json").write_bytes(p)
         print(case.describe())
-    out = run(seed, args.cases, args.seconds, log=lambda s: print(s, flush=True))
+    out = run(seed, args.cases, args.seconds, log=lambda s: print(s, flush=True), max_bytes=args.max_bytes)
     seen = ", ".join(f"{k} {v}" for k, v in sorted(out["outcomes"].items()))
     print(f"fuzz_ingest: {out['cases']} cases in {out['seconds']:.0f} s ({seen}); {len(out['failures'])} failed")
     return 1 if out["failures"] else 0
