@@ -115,14 +115,47 @@ def recent_captures(root: str | Path, limit: int = 30) -> list[Path]:
     return sorted(found, key=lambda d: (d / "trace" / "meta.json").stat().st_mtime, reverse=True)[:limit]
 
 
+# The JSON types of the meta keys that ingestion writes and the pages and analyses read: a
+# hand-edited meta.json with another type there is refused, not met later as an AttributeError.
+_NUMBER = (int, float)
+SAVED_META_TYPES: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,), "sources": (list,), "t0_us": _NUMBER, "ranks": (list,), "skipped_events": (int,),
+    "skipped_reasons": (dict,), "device_properties": (list,), "per_rank": (dict,), "unbound_flows": (int,),
+    "distributed_info": (dict, type(None)), "versions": (dict,), "flops_source": (str,), "demangled_names": (dict,),
+    "capture": (dict,),
+}
+
+
+def _saved_meta_problem(meta: Any) -> str | None:
+    """What is wrong with a saved meta.json's content, in a few words; None when it is usable."""
+    if not isinstance(meta, dict):
+        return f"is a JSON {type(meta).__name__}, not an object"
+    for key, types in SAVED_META_TYPES.items():
+        if key in meta and (not isinstance(meta[key], types) or isinstance(meta[key], bool)):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            return f"{key!r} should be {want}, got {type(meta[key]).__name__}"
+    items = {"sources": str, "ranks": int, "device_properties": dict}
+    for key, item in items.items():
+        if any(not isinstance(v, item) or isinstance(v, bool) for v in meta.get(key, ())):
+            return f"{key!r} should hold only {item.__name__} values"
+    if any(not isinstance(v, dict) for v in meta.get("per_rank", {}).values()):
+        return "'per_rank' should map each rank to an object"
+    return None
+
+
 def load_saved_trace(folder: str | Path) -> Trace:
-    """Read a folder written by `save_trace`; TraceError (one line) when it is incomplete."""
+    """Read a folder written by `save_trace`; TraceError (one line) when it is incomplete or damaged
+    (unreadable Parquet or JSON, a missing column, a column that does not convert to its schema
+    dtype, a meta.json of the wrong shape)."""
     folder = Path(folder)
     try:
         tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
         meta = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError) as exc:
         raise TraceError(f"saved trace {folder}: {type(exc).__name__}: {exc}") from None
+    problem = _saved_meta_problem(meta)
+    if problem:
+        raise TraceError(f"saved trace {folder}: meta.json {problem}")
     for name, columns in TABLES.items():
         dtypes = {k: (v[0] if isinstance(v, tuple) else v) for k, v in columns.items()}
         for c in LATER_COLUMNS & (set(dtypes) - set(tables[name].columns)):  # saved before the column existed
@@ -130,7 +163,11 @@ def load_saved_trace(folder: str | Path) -> Trace:
         missing = [c for c in dtypes if c not in tables[name].columns]
         if missing:
             raise TraceError(f"saved trace {folder}: {name}.parquet lacks {', '.join(missing)}")
-        tables[name] = tables[name][list(dtypes)].astype(dtypes)
+        try:
+            tables[name] = tables[name][list(dtypes)].astype(dtypes)
+        except (TypeError, ValueError) as exc:
+            first = (str(exc).splitlines() or [""])[0][:200]
+            raise TraceError(f"saved trace {folder}: {name}.parquet does not convert to its schema: {first}") from None
     return Trace(tables["events"], meta, tables["memory"], tables["counters"])
 
 
