@@ -6,7 +6,8 @@ and times both in ONE process, interleaved round by round. The steps every scrip
 1. `sources_at(rev, names)`: the named .cpp files and every kernels/csrc header, all from the same
    place (the working tree, or git revision `rev`), so an old source never compiles against new
    headers. Read once: a file edited meanwhile by someone else cannot skew one side.
-2. `build_variant(label, files, cflags, cache_root)`: copy them into a hash-keyed directory under
+2. `build_variant(label, files, cflags, cache_root)` (`load_side` does 1 and 2 and returns the ops):
+   copy them into a hash-keyed directory under
    `cache_root` with the ops renamed from `fusionlens` to `fusionlens_<label>` (so the project's own
    extension and the other side are untouched), build once with torch.utils.cpp_extension.load and
    load the library; returns the op namespace (`getattr(torch.ops, ns)`).
@@ -143,6 +144,15 @@ def build_variant(label: str, files: Mapping[str, bytes], cflags: Iterable[str],
         first = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else type(exc).__name__)
         raise ABBuildError(f"side {label!r} failed to build in {out}: {first}") from exc
     return namespace
+
+
+def load_side(label: str, rev: str | None, names: Iterable[str], cflags: Iterable[str], subdir: str) -> object:
+    """One A/B side in one call: the sources `names` (and all headers) at `rev` (None: the working
+    tree), built under CACHE/<subdir> with `cflags`; returns the op namespace object
+    (torch.ops.fusionlens_<label>)."""
+    import torch
+
+    return getattr(torch.ops, build_variant(label, sources_at(rev, names), cflags, CACHE / subdir))
 
 
 def ratio_text(ratio: tuple[float, float, float]) -> str:

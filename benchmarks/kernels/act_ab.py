@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))  # first, even when PYTHONPATH has it: benchmarks/
 
 import torch  # noqa: E402
 
-from benchmarks.kernels.ab_build import CACHE, build_variant, run_ab, sources_at  # noqa: E402
+from benchmarks.kernels.ab_build import load_side, run_ab  # noqa: E402
 
 SOURCES = ("activations.cpp",)
 KINDS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
@@ -39,7 +39,7 @@ _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16:
 def build(side: str, rev: str | None) -> object:
     from kernels._build import CFLAGS
 
-    return getattr(torch.ops, build_variant(side, sources_at(rev, SOURCES), CFLAGS, CACHE / "act_ab"))
+    return load_side(side, rev, SOURCES, CFLAGS, "act_ab")
 
 
 def stress(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -25,14 +25,14 @@ sys.path.insert(0, str(ROOT))  # first, even when PYTHONPATH has it: benchmarks/
 
 import torch  # noqa: E402
 
-from benchmarks.kernels.ab_build import CACHE, build_variant, run_ab, sources_at  # noqa: E402
+from benchmarks.kernels.ab_build import load_side, run_ab  # noqa: E402
 
 
 def load_old(rev: str) -> object:
     """Build norms.cpp (and the headers) at `rev` with its ops renamed to fusionlens_before; return them."""
     from kernels._build import CFLAGS
 
-    return getattr(torch.ops, build_variant("before", sources_at(rev, ["norms.cpp"]), CFLAGS, CACHE / "norms_ab"))
+    return load_side("before", rev, ["norms.cpp"], CFLAGS, "norms_ab")
 
 
 def op_calls(ops, t: dict) -> dict:

@@ -28,14 +28,14 @@ sys.path.insert(0, str(ROOT))  # first, even when PYTHONPATH has it: benchmarks/
 
 import torch  # noqa: E402
 
-from benchmarks.kernels.ab_build import CACHE, OLD_CFLAGS, build_variant, run_ab, sources_at  # noqa: E402
+from benchmarks.kernels.ab_build import OLD_CFLAGS, load_side, run_ab  # noqa: E402
 
 SOURCES = ("rope.cpp", "cross_entropy.cpp", "optim.cpp")
 
 
 def build(side: str, rev: str | None, cflags: Sequence[str]) -> object:
     """Build the three sources (and their headers) of `rev` (None: working tree) as fusionlens_<side>."""
-    return getattr(torch.ops, build_variant(side, sources_at(rev, SOURCES), cflags, CACHE / "port_ab"))
+    return load_side(side, rev, SOURCES, cflags, "port_ab")
 
 
 def inputs() -> dict:
