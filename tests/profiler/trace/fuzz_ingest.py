@@ -4,8 +4,9 @@
 `make test`, whose test_fuzz_ingest_smoke.py runs a fixed set of seeds) takes the small real traces
 of tests/data/traces, mutates each draw the way broken or unusual profiler output looks (fields of
 the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic links, shuffled,
-duplicated or dropped events, odd metadata, garbage kernel names, a second rank, truncated or
-flipped bytes; sometimes a real trace to diff against), and checks the contract a user of the Load page relies on:
+duplicated or dropped events, odd metadata, garbage kernel names, a second rank (a shifted copy or
+another job's trace), truncated or flipped bytes; sometimes a real trace to diff against), and
+checks the contract a user of the Load page relies on:
 
 1. `load_trace` returns a Trace or raises TraceError with one line (< 400 characters); nothing else.
 2. A Trace it returns goes through the Load page's summary (`summarize` and pages/load_view.py's
@@ -257,7 +258,8 @@ class Case:
 
 def draw(seed: int, docs: dict[str, dict]) -> Case:
     """The case of one seed: a trace, 1-4 mutations, maybe a second rank, maybe byte damage, maybe
-    a real trace to diff it against (drawn last, so the earlier draws of a seed never change)."""
+    a real trace to diff it against and another job's trace as one more rank (these two drawn last,
+    so the earlier draws of a seed never change)."""
     rng = random.Random(seed)
     name = rng.choice(sorted(docs))
     doc = copy.deepcopy(docs[name])
@@ -279,6 +281,12 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
     if rng.random() < 0.2:
         other = rng.choice(sorted(docs))
         compare = (other, json.dumps(docs[other]).encode())
+    if rng.random() < 0.1 and "bytes" not in names:  # a rank from another job: other device, clock, ops
+        other = rng.choice(sorted(docs))
+        foreign = copy.deepcopy(docs[other])
+        foreign["distributedInfo"] = {"rank": len(payloads) + rng.randint(0, 3), "world_size": 8}
+        payloads.append(json.dumps(foreign).encode())
+        names.append(f"foreign_rank({other})")
     return Case(seed, name, names, payloads, compare)
 
 
