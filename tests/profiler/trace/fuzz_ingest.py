@@ -249,7 +249,7 @@ class Case:
     source: str
     mutations: list
     payloads: list  # bytes, one per rank
-    compare: Optional[tuple[str, bytes]] = None  # (name, JSON) of an unmutated trace to diff against
+    compare: Optional[tuple[str, bytes]] = None  # (name, JSON) of a trace to diff against
 
     def describe(self) -> str:
         diff = f", diffed against {self.compare[0]}" if self.compare else ""
@@ -287,6 +287,11 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
         foreign["distributedInfo"] = {"rank": len(payloads) + rng.randint(0, 3), "world_size": 8}
         payloads.append(json.dumps(foreign).encode())
         names.append(f"foreign_rank({other})")
+    if compare is not None and rng.random() < 0.5:  # the trace diffed against is damaged too
+        doc2 = json.loads(compare[1])
+        how = rng.choice(sorted(MUTATORS))
+        MUTATORS[how](rng, doc2)
+        compare = (f"{compare[0]} ({how})", json.dumps(doc2).encode())
     return Case(seed, name, names, payloads, compare)
 
 
@@ -305,7 +310,14 @@ def check(case: Case) -> tuple[str, Optional[str]]:
         return "refused", None
     except Exception as exc:  # noqa: BLE001 - the point: anything but TraceError is a bug
         return "raised", f"load_trace raised {type(exc).__name__}: {_where(exc)}"
-    compare = load_trace(case.compare[1], workers=1) if case.compare else None
+    compare = None
+    if case.compare:
+        try:
+            compare = load_trace(case.compare[1], workers=1)
+        except TraceError:
+            pass  # the damaged comparison trace was refused (its own contract): no diff this case
+        except Exception as exc:  # noqa: BLE001
+            return "raised", f"load_trace raised {type(exc).__name__} on the comparison trace: {_where(exc)}"
     return "loaded", _check_loaded(trace, compare)
 
 
