@@ -51,9 +51,11 @@ FL_INLINE float erf_abs_scaled(float x) {
 
 // exp(-|z|), the one exp of a sigmoid: -|z| is one OR of the sign bit. Split from the rest (the
 // *_e forms below take it as e) so that the span loops can compute it for a block first (see
-// "Two passes" below). The inline exp is 17% faster than libmvec's expf, same ~2 ulp.
+// "Two passes" below). The inline exp is 17% faster than libmvec's expf, same ~2 ulp. PAIRS: the
+// polynomial's form (common.h exp_nonpos; SiLU's loops run faster with pairs, GELU (tanh)'s not).
+template <bool PAIRS>
 FL_INLINE float exp_neg_abs(float z) {
-  return fusionlens::exp_nonpos<FL_ISA>(float_from_bits(float_bits(z) | 0x80000000u));
+  return fusionlens::exp_nonpos<FL_ISA, PAIRS>(float_from_bits(float_bits(z) | 0x80000000u));
 }
 
 // sigmoid(z) = 1 / (1 + exp(-z)) from e = exp(-|z|): 1 / (1 + e) for z >= 0 or e / (1 + e)
@@ -105,7 +107,7 @@ FL_INLINE float sigmoid_arg(float x) {  // SiLU: x; GELU (tanh): 2u
 template <int64_t K>
 FL_INLINE float pre_fwd(float x) {
   if constexpr (K == kGeluErf) return 0.0f;  // act_e reads none
-  else return exp_neg_abs(sigmoid_arg<K>(x));
+  else return exp_neg_abs<K == kSilu>(sigmoid_arg<K>(x));
 }
 
 template <int64_t K>
