@@ -86,8 +86,10 @@ def m_field_value(rng, doc):
 
 
 def m_drop_field(rng, doc):
+    """A field (top level or args) removed from a few events."""
     for e in _some(rng, _events(doc)):
-        keys = list(e) + [f"args.{k}" for k in e.get("args", {})] if isinstance(e.get("args"), dict) else list(e)
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        keys = list(e) + [f"args.{k}" for k in args]
         if keys:
             k = rng.choice(keys)
             if k.startswith("args."):
@@ -97,6 +99,7 @@ def m_drop_field(rng, doc):
 
 
 def m_phase_category(rng, doc):
+    """A few events given another phase or category, known or not."""
     for e in _some(rng, _events(doc)):
         if rng.random() < 0.5:
             e["ph"] = rng.choice(PHASES)
@@ -110,7 +113,8 @@ def m_times(rng, doc):
     how = rng.choice(("neg_dur", "zero_dur", "same_ts", "huge_ts", "neg_ts", "shift", "tiny", "swap"))
     for e in _some(rng, events, 200):
         if how == "neg_dur":
-            e["dur"] = -abs(float(e.get("dur", 1) or 1) if isinstance(e.get("dur"), (int, float)) else 1.0)
+            d = e.get("dur")
+            e["dur"] = -abs(d) if isinstance(d, (int, float)) and d else -1.0
         elif how == "zero_dur":
             e["dur"] = 0
         elif how == "same_ts":
