@@ -235,7 +235,7 @@ constexpr int64_t kTile = 1024;
 // independent pairs joined by r^2 (true: the same five FMAs, a chain of three, four temporaries
 // live at once). Same accuracy (every float in [-87, 0] against the double exp: at most 1.26 ulp
 // either way; 0.05% of results differ by one bit). Which is faster depends on the loop around it:
-// SiLU's pre-pass (exp and little else) ran 1.04-1.07x faster with pairs, GELU (tanh)'s (more
+// SiLU's loops (exp and little else) ran 1.01-1.07x faster with pairs, GELU (tanh)'s (more
 // constants live) 0.94-0.97x (benchmarks/kernels/act_ab.py, AVX2, 2026-12-04). Only SiLU uses them.
 template <int ISA = 0, bool PAIRS = false>
 FL_INLINE float exp_nonpos(float x_in) {
