@@ -12,7 +12,7 @@ import pytest
 from profiler.capture.artifacts import load_traces_or_saved, save_trace
 from profiler.trace import TraceError, load_trace
 from tests.profiler.trace.conftest import trace_named
-from tests.profiler.trace.fuzz_ingest import _check_loaded
+from tests.profiler.trace.fuzz_ingest import check_loaded
 
 
 @pytest.fixture(scope="module")
@@ -65,4 +65,4 @@ def test_a_damaged_saved_trace_is_one_line_or_readable(saved, tmp_path, damage):
         msg = str(exc)
         assert "\n" not in msg and 0 < len(msg) < 400
         return
-    assert _check_loaded(trace) is None, _check_loaded(trace)
+    assert check_loaded(trace) is None, check_loaded(trace)

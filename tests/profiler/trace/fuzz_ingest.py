@@ -322,10 +322,12 @@ def check(case: Case) -> tuple[str, Optional[str]]:
             pass  # the damaged comparison trace was refused (its own contract): no diff this case
         except Exception as exc:  # noqa: BLE001
             return "raised", f"load_trace raised {type(exc).__name__} on the comparison trace: {_where(exc)}"
-    return "loaded", _check_loaded(trace, compare)
+    return "loaded", check_loaded(trace, compare)
 
 
-def _check_loaded(trace, compare=None) -> Optional[str]:
+def check_loaded(trace, compare=None) -> Optional[str]:
+    """The contract for a Trace that loaded (also used for saved Trace folders): None when the Load
+    page's summary and every analysis run on it without error into strict JSON, else one line."""
     from pages import load_view as lv
     from profiler.analysis.report_json import build_report
     from profiler.trace.summary import summarize
