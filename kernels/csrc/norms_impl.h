@@ -155,37 +155,43 @@ inline float row_sumsq(const S* x, int64_t n) {
   return t;
 }
 
-// g = dy * w (stored, rounded once), returns {sum(g * (x - mu)), sum(g)}. bf16 rows go by pairs:
-// w is then the split weight and g comes out split.
+// g = dy * w (stored, rounded once), returns {sum(g * (x - mu)), sum(g), sum(x - mu)}: the last is
+// n times the saved mean's own rounding error (ln_bwd). bf16 rows go by pairs: w is then the split
+// weight and g comes out split.
 template <typename S>
 inline void row_ln_bwd_sums(const S* dy, const float* w, const S* x, float mu, float* g, int64_t n,
-                            float* s_gx, float* s_g) {
-  vf a0 = {}, a1 = {}, b0 = {}, b1 = {};
+                            float* s_gx, float* s_g, float* s_dev) {
+  vf a0 = {}, a1 = {}, b0 = {}, b1 = {}, e0 = {};
   int64_t j = 0;
   if constexpr (kPairs<S>) {  // w and g in split order
     for (; j + 2 * kW <= n; j += 2 * kW) {
       vf d0, d1, x0, x1;
       ld_pair(dy + j, d0, d1), ld_pair(x + j, x0, x1);
-      const vf g0 = d0 * ld(w + j), g1 = d1 * ld(w + j + kW);
+      const vf g0 = d0 * ld(w + j), g1 = d1 * ld(w + j + kW), h0 = x0 - mu, h1 = x1 - mu;
       st(g + j, g0), st(g + j + kW, g1);
-      a0 += g0 * (x0 - mu), a1 += g1 * (x1 - mu);
+      a0 += g0 * h0, a1 += g1 * h1;
       b0 += g0, b1 += g1;
+      e0 += h0 + h1;
     }
   }
   for (; j + 2 * kW <= n; j += 2 * kW) {
     const vf g0 = ldv(dy + j) * ld(w + j), g1 = ldv(dy + j + kW) * ld(w + j + kW);
+    const vf h0 = ldv(x + j) - mu, h1 = ldv(x + j + kW) - mu;
     std::memcpy(g + j, &g0, sizeof(g0));
     std::memcpy(g + j + kW, &g1, sizeof(g1));
-    a0 += g0 * (ldv(x + j) - mu), a1 += g1 * (ldv(x + j + kW) - mu);
+    a0 += g0 * h0, a1 += g1 * h1;
     b0 += g0, b1 += g1;
+    e0 += h0 + h1;
   }
-  float ta = hsum(a0 + a1), tb = hsum(b0 + b1);
+  float ta = hsum(a0 + a1), tb = hsum(b0 + b1), te = hsum(e0);
   for (; j < n; ++j) {
+    const float h = ld1(x + j) - mu;
     g[j] = ld1(dy + j) * w[j];
-    ta += g[j] * (ld1(x + j) - mu);
+    ta += g[j] * h;
     tb += g[j];
+    te += h;
   }
-  *s_gx = ta, *s_g = tb;
+  *s_gx = ta, *s_g = tb, *s_dev = te;
 }
 
 // sum(dy * w * x); dy may be float on 16-bit rows (llama casting's promoted output). bf16 dy and
@@ -237,7 +243,14 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
 }
 
 // ---------------------------------------------------------------- LayerNorm
-// y = (x - mu) * r * w + b over columns [0, n) of a row: x of type S (float, or T read and
+// The mean in two parts, mu + d: mu a float near the mean (the first pass's, or the saved one)
+// and d = sum(x - mu) / n the rest of it, kept apart so that x_hat = (x - mu) r - d r rounds once
+// (a contracted multiply-add) and x - mu is exact where x is near mu (Sterbenz). Rounding mu + d
+// into one float instead costs up to half an ulp of the mean in every x - mean: at a large common
+// offset (values 5 +- 0.01, rstd ~260) that was the whole of the weight gradient's error, 2.4x
+// eager's (tests/kernels/fuzz.py seed 14027533). dr = d r; both passes below take it.
+//
+// y = ((x - mu) * r - dr) * w + b over columns [0, n) of a row: x of type S (float, or T read and
 // converted in registers), y stored as D (T, or a float tile), while the next row (nx, and the
 // residual nr) is prefetched, and the next output row ny for writing. A bf16 row into a bf16 row
 // goes by even/odd pairs (ld_pair), with ws, bs the weight and bias split to match (split_pairs),
@@ -245,7 +258,7 @@ inline const float* input_row(const T* x, const T* res, T* sum_out, int64_t i, i
 // GUARD: the bf16 rounding keeps any NaN payload (round_hi).
 template <bool GUARD, typename S, typename D, typename T>
 inline void ln_out_row(const S* x, D* y, const float* w, const float* b, const float* ws, const float* bs,
-                       float mu, float r, int64_t n, const T* nx, const T* nr, D* ny) {
+                       float mu, float r, float dr, int64_t n, const T* nx, const T* nr, D* ny) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
@@ -256,16 +269,17 @@ inline void ln_out_row(const S* x, D* y, const float* w, const float* b, const f
       for (; j + 2 * kW <= j1; j += 2 * kW) {
         vf e, o;
         ld_pair(x + j, e, o);
-        st_pair<GUARD>(y + j, (e - mu) * r * ld(ws + j) + ld(bs + j), (o - mu) * r * ld(ws + j + kW) + ld(bs + j + kW));
+        st_pair<GUARD>(y + j, ((e - mu) * r - dr) * ld(ws + j) + ld(bs + j),
+                       ((o - mu) * r - dr) * ld(ws + j + kW) + ld(bs + j + kW));
       }
     } else if constexpr (std::is_same_v<S, float> && kPairs<D>) {  // x: input_row<T, true>'s split row
       for (; j + 2 * kW <= j1; j += 2 * kW) {
-        st_pair<GUARD>(y + j, (ld(x + j) - mu) * r * ld(ws + j) + ld(bs + j),
-                       (ld(x + j + kW) - mu) * r * ld(ws + j + kW) + ld(bs + j + kW));
+        st_pair<GUARD>(y + j, ((ld(x + j) - mu) * r - dr) * ld(ws + j) + ld(bs + j),
+                       ((ld(x + j + kW) - mu) * r - dr) * ld(ws + j + kW) + ld(bs + j + kW));
       }
     }
-    for (; j + kW <= j1; j += kW) stv(y + j, (ldv(x + j) - mu) * r * ld(w + j) + ld(b + j));
-    for (; j < j1; ++j) st1(y + j, (ld1(x + j) - mu) * r * w[j] + b[j]);
+    for (; j + kW <= j1; j += kW) stv(y + j, ((ldv(x + j) - mu) * r - dr) * ld(w + j) + ld(b + j));
+    for (; j < j1; ++j) st1(y + j, ((ld1(x + j) - mu) * r - dr) * w[j] + b[j]);
   }
 }
 
@@ -301,14 +315,15 @@ void ln_fwd(const LnFwd& a) {
       T* ny = !stream && nx ? yr + kPrefetchRows * n : nullptr;
       float mu, r;
       auto stats_and_out = [&](const auto* xr) {  // xr: the row as T, or the sum row as float
-        mu = row_sum(xr, n) * inv_n;
+        const float mu0 = row_sum(xr, n) * inv_n;
         float dev;
-        const float sq = row_sq_dev(xr, n, mu, &dev);
-        mu += dev * inv_n;  // the corrected mean; the variance about it: sq - dev^2 / n
+        const float sq = row_sq_dev(xr, n, mu0, &dev);
+        const float d = dev * inv_n;  // the mean is mu0 + d; the variance about it: sq - dev^2 / n
+        mu = mu0 + d;  // saved (rounded; the backward finds its own d again)
         // (max(v, 0) in this order keeps a NaN variance NaN, as the plain two-pass sum did)
         r = 1.0f / std::sqrt(std::max(sq - dev * dev * inv_n, 0.0f) * inv_n + static_cast<float>(a.eps));
-        if (guard) ln_out_row<true>(xr, y, wv, bv, ws, bs, mu, r, n, nx, nr, ny);
-        else ln_out_row<false>(xr, y, wv, bv, ws, bs, mu, r, n, nx, nr, ny);
+        if (guard) ln_out_row<true>(xr, y, wv, bv, ws, bs, mu0, r, d * r, n, nx, nr, ny);
+        else ln_out_row<false>(xr, y, wv, bv, ws, bs, mu0, r, d * r, n, nx, nr, ny);
         if (stream) stream_copy(yr, tile, n * static_cast<int64_t>(sizeof(T)));
       };
       if (rp) {
@@ -329,13 +344,15 @@ void ln_fwd(const LnFwd& a) {
 // 5 rows of 3 KB + 2 partials) and writes dx, while it prefetches the next row. (Blocks of 4 rows,
 // as both backwards had before, saved loads of the partials but their 4 x 4 rows spilled L1 to L2
 // at N = 768: measured 1.4-2x slower at 4096x768, see kernels_norms_cpu.md.)
-// Pass 2 of one row. xhat = (x - mu) * r; dx = r * (g - c2 - xhat * c1) [+ da];
+// Pass 2 of one row. xhat = (x - mu) * r - dr (the mean in two parts, see ln_out_row);
+// dx = r * (g - c2 - xhat * c1) [+ da];
 // pw += dy * xhat; pb += dy. x, dy, da: rows of T (converted in registers); dx: T, or a float
 // tile to be streamed out; nx, ndy: rows to prefetch (null: none). bf16 rows go by pairs, with g,
 // pw and pb in split order; GUARD: the dx stores keep any NaN payload (round_hi).
 template <typename T, typename D, bool A, bool GUARD>
 inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* dx, float* pw, float* pb,
-                       float mu, float r, float c1, float c2, int64_t n, const T* nx, const T* ndy, D* ndx) {
+                       float mu, float r, float dr, float c1, float c2, int64_t n, const T* nx, const T* ndy,
+                       D* ndx) {
   for (int64_t j0 = 0; j0 < n; j0 += kPrefetchSpan) {
     const int64_t j1 = std::min(n, j0 + kPrefetchSpan);
     prefetch_cols<T>(nx, j0, j1 - j0);
@@ -346,7 +363,7 @@ inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* 
       for (; j + 2 * kW <= j1; j += 2 * kW) {
         vf x0, x1, d0, d1;
         ld_pair(x + j, x0, x1), ld_pair(dy + j, d0, d1);
-        const vf h0 = (x0 - mu) * r, h1 = (x1 - mu) * r;
+        const vf h0 = (x0 - mu) * r - dr, h1 = (x1 - mu) * r - dr;
         vf o0 = r * (ld(g + j) - c2 - h0 * c1), o1 = r * (ld(g + j + kW) - c2 - h1 * c1);
         if constexpr (A) {
           vf a0, a1;
@@ -359,7 +376,7 @@ inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* 
       }
     }
     for (; j + kW <= j1; j += kW) {
-      const vf xh = (ldv(x + j) - mu) * r, d = ldv(dy + j);
+      const vf xh = (ldv(x + j) - mu) * r - dr, d = ldv(dy + j);
       vf o = r * (ld(g + j) - c2 - xh * c1);
       if constexpr (A) o += ldv(da + j);
       stv(dx + j, o);
@@ -367,7 +384,7 @@ inline void ln_bwd_row(const T* x, const T* dy, const float* g, const T* da, D* 
       st(pb + j, ld(pb + j) + d);
     }
     for (; j < j1; ++j) {
-      const float xh = (ld1(x + j) - mu) * r, d = ld1(dy + j);
+      const float xh = (ld1(x + j) - mu) * r - dr, d = ld1(dy + j);
       float o = r * (g[j] - c2 - xh * c1);
       if constexpr (A) o += ld1(da + j);
       st1(dx + j, o);
@@ -412,9 +429,12 @@ void ln_bwd(const LnBwd& a) {
         const float mu = a.mean[i], r = a.rstd[i];
         // g = dy * w is stored (rounded once) and reused, so that sum(g)/N - g is exactly 0
         // where it should be (e.g. N = 1) even when the compiler contracts into FMAs.
-        float s_gx, s_g;
-        row_ln_bwd_sums(dy, ws, x, mu, g, n, &s_gx, &s_g);
-        const float c1 = s_gx * r * inv_n, c2 = s_g * inv_n;
+        float s_gx, s_g, s_dev;
+        row_ln_bwd_sums(dy, ws, x, mu, g, n, &s_gx, &s_g, &s_dev);
+        // The saved mean is mu + d (ln_out_row): sum(g (x - mu - d)) = s_gx - d s_g (only where d is
+        // not 0: an infinite s_g times 0 would make NaN of a row that is not one).
+        const float d = s_dev * inv_n, dr = d * r;
+        const float c1 = (d != 0.0f ? s_gx - d * s_g : s_gx) * r * inv_n, c2 = s_g * inv_n;
         const int64_t ip = i + kPrefetchRows;
         const T* nx = ip < i1 ? xp + ip * n : nullptr;
         const T* ndy = ip < i1 ? dyp + ip * n : nullptr;
@@ -423,8 +443,8 @@ void ln_bwd(const LnBwd& a) {
         // A NaN that can carry its payload's low bits into dx: from w, or from eps through mu / r.
         const bool guard = nan_w || std::isnan(mu) || std::isnan(r);
         auto run = [&](auto has_da, auto guarded) {
-          ln_bwd_row<T, T, decltype(has_da)::value, decltype(guarded)::value>(x, dy, g, da, dx, pw, pb, mu, r, c1,
-                                                                              c2, n, nx, ndy, ndx);
+          ln_bwd_row<T, T, decltype(has_da)::value, decltype(guarded)::value>(x, dy, g, da, dx, pw, pb, mu, r, dr,
+                                                                              c1, c2, n, nx, ndy, ndx);
         };
         with_flags(da != nullptr, guard, run);
         if (stream) stream_copy(dxp + i * n, tile, n * static_cast<int64_t>(sizeof(T)));
