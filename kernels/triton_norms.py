@@ -62,15 +62,20 @@ def _ln_fwd(X, R, S, Y, W, B, Mean, Rstd, N, eps, HAS_RES: tl.constexpr, HAS_W: 
         x = s.to(tl.float32)
     mean = tl.sum(x, axis=0) / N
     d = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(d * d, axis=0) / N
+    # The mean in two parts, mean + c (as the C++ kernels): x - mean is exact near the mean, and
+    # the rest c = sum(d) / N is subtracted after the scaling instead of rounded into the mean
+    # (at a large common offset that rounding was the whole of the error of y, dx and dw).
+    c = tl.sum(d, axis=0) / N
+    var = tl.sum(d * d, axis=0) / N - c * c
+    var = tl.where(var < 0.0, 0.0, var)  # a NaN stays NaN
     rstd = 1.0 / tl.sqrt(var + eps)
-    y = d * rstd
+    y = d * rstd - c * rstd
     if HAS_W:
         y = y * tl.load(W + cols, mask=mask, other=0.0)
     if HAS_B:
         y = y + tl.load(B + cols, mask=mask, other=0.0)
     tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(Mean + row, mean)
+    tl.store(Mean + row, mean + c)
     tl.store(Rstd + row, rstd)
 
 
@@ -91,7 +96,9 @@ def _ln_bwd(DY, X, W, Mean, Rstd, DA, DX, DWp, DBp, M, N, ROWS, HAS_W: tl.conste
         dy = tl.load(DY + row * N + cols, mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(Mean + row, mask=live, other=0.0)
         rstd = tl.load(Rstd + row, mask=live, other=0.0)
-        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        xm = tl.where(mask, x - mean, 0.0)
+        c = tl.sum(xm, axis=0) / N  # the saved mean's own rounding, kept apart (see _ln_fwd)
+        xhat = tl.where(mask, xm * rstd - c * rstd, 0.0)
         g = dy * w
         c1 = tl.sum(g * xhat, axis=0) / N
         c2 = tl.sum(g, axis=0) / N

@@ -116,3 +116,25 @@ def run_cpu_streaming() -> int:
                 c.check("cpu", shape, dtype, args=c.inputs(shape, dtype, param_dtype=torch.float32))
                 count += 1
     return count
+
+
+# (shape, offset) of LayerNorm inputs x = offset + 0.01 N with few columns: rstd 60-300, where a
+# mean rounded to one float moves every x - mean by up to half an ulp of the offset.
+OFFSET_CASES = (((32, 3), 5.0), ((64, 5), 5.0), ((512, 7), 100.0))
+
+
+def offset_error_ratios(provider: str, shape: tuple[int, int], shift: float, seeds: int = 6) -> list[float]:
+    """Worst over `seeds` of ours' error against float64 over eager's, for y, dx and dw of
+    layer_norm at a large common offset (fp32). db, the sum of dy, has no mean in it."""
+    from tests.kernels.numerics import fwd_bwd, max_err, to_f64
+
+    n, worst = shape[-1], [0.0, 0.0, 0.0]
+    for seed in range(seeds):
+        args = [make(shape, torch.float32, seed, scale=0.01, shift=shift), make((n,), torch.float32, seed + 1),
+                make((n,), torch.float32, seed + 2), 1e-5]
+        ours = fwd_bwd(lambda *a: kernels.layer_norm(*a, provider=provider), args)
+        eager = fwd_bwd(norms.layer_norm_reference, args)
+        truth = fwd_bwd(norms.layer_norm_reference, to_f64(args))
+        for i in range(3):
+            worst[i] = max(worst[i], max_err(ours[i], truth[i]) / max(max_err(eager[i], truth[i]), 1e-30))
+    return worst
