@@ -129,6 +129,41 @@ def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> No
     check("gelu", "cpu", [with_nonfinite(args[0])], torch.float32)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bits, with every NaN as one value (which NaN payload a product keeps depends on the
+    instruction's operand order, which the compiler may pick either way)."""
+    b = t.detach().view({torch.float32: torch.int32}.get(t.dtype, torch.int16)).clone()
+    b[t.detach().isnan()] = -1
+    return b
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_avx512_and_avx2_copies_agree_bit_for_bit(case: str, monkeypatch) -> None:
+    """The two vector copies do the same operations (multiply-adds contracted alike, the same exp
+    and selects in other instructions), so their outputs and gradients are the same bits, on every
+    dtype and with non-finite inputs: a change made in one copy's code only (FL_ISA branches) must
+    keep it so. (The base copy has no FMA: it rounds differently, and is checked against float64.)"""
+    kernels.gelu(torch.zeros(1), provider="cpu")  # builds/loads the extension
+    if torch.ops.fusionlens.activations_isa() != "avx512":
+        pytest.skip("this CPU has no AVX-512: only one vector copy runs here")
+    fn, _, _, _, kwargs = CASES[case]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for shape in ISA_SHAPES:
+                args = inputs(case, shape, dtype)
+                args[0] = with_nonfinite(args[0])
+                got = {}
+                for isa in ("avx512", "avx2"):
+                    monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+                    got[isa] = [_bits(t) for t in fwd_bwd(lambda *a: fn(*a, **kwargs, provider="cpu"), args)]
+                for i, (a, b) in enumerate(zip(got["avx512"], got["avx2"])):
+                    assert torch.equal(a, b), (case, dtype, shape, i, int((a != b).sum()))
+    finally:
+        torch.set_num_threads(prev)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0)], ids=str)
 def test_zero_size(case: str, shape) -> None:
