@@ -12,7 +12,7 @@ import torch
 
 import kernels
 from kernels.registry import KERNELS, select_provider
-from tests.kernels.numerics import (DTYPES, check_against_reference, make,
+from tests.kernels.numerics import (DTYPES, check_against_reference, fwd_bwd, make,
                                     run_in_triton_interpreter, with_nonfinite)
 rp = importlib.import_module("kernels.rope")  # the module; `kernels.rope` is the function
 
@@ -276,6 +276,26 @@ def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> No
             check("cpu", q, k, *tables(s, d, dtype, batch=b), dtype)
     q, k = qk(1, 2, 2, 3, 34, torch.float32)
     check("cpu", with_nonfinite(q), k, *tables(3, 34, torch.float32), torch.float32)
+
+
+def test_avx512_and_avx2_copies_agree_bit_for_bit(monkeypatch) -> None:
+    """Rotation is elementwise: both vector copies contract the same multiply-adds, so q, k and
+    their gradients are the same bits (NaN as NaN) in every dtype; the base copy has no FMA."""
+    kernels.rope(*qk(1, 1, 1, 1, 2, torch.float32), *tables(1, 2, torch.float32), provider="cpu")
+    if torch.ops.fusionlens.rope_isa() != "avx512":
+        pytest.skip("this CPU has no AVX-512: only one vector copy runs here")
+    for dtype in DTYPES:
+        for b, hq, hk, s, d in [(2, 3, 1, 5, 34), (1, 2, 2, 3, 82), (1, 1, 1, 2, 4098)]:
+            q, k = qk(b, hq, hk, s, d, dtype, transposed=True)
+            q = with_nonfinite(q)
+            cos, sin = tables(s, d, dtype, batch=b)
+            got = {}
+            for isa in ("avx512", "avx2"):
+                monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
+                got[isa] = fwd_bwd(lambda q, k: kernels.rope(q, k, cos, sin, provider="cpu"), [q, k])
+            for i, (a, c) in enumerate(zip(got["avx512"], got["avx2"])):
+                assert torch.equal(a.isnan(), c.isnan()), (dtype, (b, hq, hk, s, d), i)
+                assert torch.equal(a.nan_to_num(0.0), c.nan_to_num(0.0)), (dtype, (b, hq, hk, s, d), i)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
