@@ -21,7 +21,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from profiler.trace._structs import COUNTERS_DECODER, EMPTY_ARGS, EMPTY_RAW, MISSING, NAN
+from profiler.trace._structs import (COUNTER_DECODER, COUNTERS_DECODER, EMPTY_ARGS, EMPTY_RAW, MISSING, NAN,
+                                     RAW_LIST_DECODER)
 from profiler.trace.schema import KIND_ALIASES, KINDS
 
 KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
@@ -72,6 +73,7 @@ MEMORY_ARGS = (("device_type", "device_type"), ("device_id", "device_id"), ("byt
 CODED_COLUMNS = frozenset({"name"} | {c for c, _, vt, _ in ARG_COLUMNS if vt in ("str", "json")})
 _DEFAULT = {"int": MISSING, "float": NAN, "str": None, "json": EMPTY_RAW, "dim3": None}
 _SEP = "\x1e"  # never inside a JSON text (raw control characters are invalid JSON)
+_SEP_B = _SEP.encode()
 
 _PH, _CAT, _NAME, _TS, _DUR = (attrgetter(a) for a in ("ph", "cat", "name", "ts", "dur"))
 _PID, _TID, _ID, _ARGS = (attrgetter(a) for a in ("pid", "tid", "id", "args"))
@@ -186,9 +188,10 @@ def ids(objs: list, get: Any, cache: dict[str, int]) -> np.ndarray:
 
 
 def compact_json(raws: list, cache: dict[str, str | None]) -> list:
-    """msgspec.Raw values -> compact JSON text, empty -> None. Joined and split in C; each
-    distinct text is re-encoded once (shapes and dtypes repeat a lot)."""
-    texts = _SEP.join(map(bytes.decode, map(bytes, raws))).split(_SEP) if raws else []
+    """msgspec.Raw values -> compact JSON text, empty -> None. Joined, decoded and split in C; each
+    distinct text is re-encoded once (shapes and dtypes repeat a lot). A Raw is the file's bytes
+    unchecked: invalid UTF-8 in one becomes U+FFFD (the separator, ASCII, survives), not an error."""
+    texts = _SEP_B.join(map(bytes, raws)).decode("utf-8", "replace").split(_SEP) if raws else []
     for text in set(texts).difference(cache):
         try:
             cache[text] = msgspec.json.encode(msgspec.json.decode(text)).decode() if text else None
@@ -314,11 +317,29 @@ def _memory(evs: list, idx: np.ndarray, acc: Accumulator) -> None:
         acc.add(acc.memory, col, ints(args, attrgetter(attr)))
 
 
-def _counters(chunk: bytes, acc: Accumulator) -> None:
+def _counter_events(chunk: bytes) -> list:
+    """The chunk's events as CounterEvents; on a failure (a wrong type, or invalid UTF-8 in a
+    string the row decoder never read), one by one, leaving out the ones that fail: counters are
+    optional side data, and one broken sample must not take the chunk's others with it."""
     try:
-        events = COUNTERS_DECODER.decode(chunk)
-    except msgspec.ValidationError:
-        return  # counters are optional side data; a chunk with broken ones keeps its rows
+        return COUNTERS_DECODER.decode(chunk)
+    except msgspec.DecodeError:  # ValidationError included
+        pass
+    good = []
+    try:
+        raws = RAW_LIST_DECODER.decode(chunk)
+    except msgspec.DecodeError:
+        return good
+    for raw in raws:
+        try:
+            good.append(COUNTER_DECODER.decode(raw))
+        except msgspec.DecodeError:
+            pass
+    return good
+
+
+def _counters(chunk: bytes, acc: Accumulator) -> None:
+    events = _counter_events(chunk)
     for ev in events:
         if ev.ph != "C" or not isinstance(ev.args, dict) or not isinstance(ev.name, str):
             continue

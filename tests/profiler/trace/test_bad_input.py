@@ -162,3 +162,21 @@ def test_invalid_json_inside_an_array_format_trace(tmp_path, monkeypatch):
     assert "arr.json" in msg and "invalid JSON" in msg
     tr = load_trace(_write(tmp_path, "arr_ok.json", "\n  [" + good + "]\n"))
     assert len(tr.events) == 300
+
+
+def test_invalid_utf8_inside_side_fields_loads(tmp_path):
+    """Bytes that are not UTF-8 inside fields the row decoder keeps raw (an op's Input Dims) or
+    never reads (a counter's args) escaped load_trace as UnicodeDecodeError and msgspec's
+    DecodeError (trace fuzzer seeds 211236 and 210221). The rows load, the raw field keeps U+FFFD,
+    and only the broken counter sample is left out."""
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1, "ts": 990.0, "dur": 300.0,
+          "args": {"Input Dims": [[2, 3], "DIMS"]}}
+    broken = {"ph": "C", "name": "mem", "pid": 0, "ts": 1000.0, "args": {"a": 1, "b": "COUNTER"}}
+    good = {"ph": "C", "name": "mem2", "pid": 0, "ts": 1000.0, "args": {"a": 1}}
+    data = json.dumps({"traceEvents": [_kernel(i) for i in range(20)] + [op, broken, good]}).encode()
+    data = data.replace(b"COUNTER", b"\xff\xfe").replace(b"DIMS", b"x\xe5y")
+    tr = load_trace(_write(tmp_path, "utf8.json", data))
+    kinds = tr.events.kind.value_counts()
+    assert kinds["kernel"] == 20 and kinds["cpu_op"] == 1
+    assert "\ufffd" in tr.events.loc[tr.events.kind == "cpu_op", "input_dims"].iloc[0]
+    assert tr.counters.name.astype(str).tolist() == ["mem2"]
