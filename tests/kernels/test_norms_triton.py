@@ -57,7 +57,7 @@ def test_triton_norms_second_derivatives_interpreted() -> None:
 
 
 def test_triton_layer_norm_keeps_the_mean_in_two_parts_interpreted() -> None:
-    """As test_norms.py's cpu test: y, dx, dw within 0.1x eager's error at a large common offset
+    """As test_norms_accuracy.py's cpu test: y, dx, dw within 0.1x eager's error at a large common offset
     (a mean rounded into one float gave 0.3-2.7x)."""
     out = run_in_triton_interpreter(
         "from tests.kernels.norm_cases import OFFSET_CASES, offset_error_ratios\n"
