@@ -207,6 +207,16 @@ def with_nonfinite(x: torch.Tensor, row: int = 0) -> torch.Tensor:
     return y
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bit patterns as integers, every NaN as one value: which NaN payload a product keeps
+    depends on the instruction's operand order, which the compiler may pick either way. For
+    comparing two builds or instruction-set copies bit for bit."""
+    t = t.detach()
+    b = t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()]).clone()
+    b[t.isnan()] = -1
+    return b
+
+
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import activations as act
 from kernels.registry import KERNELS, select_provider
-from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, TINY, OpNames, check_against_reference, fwd_bwd,
+from tests.kernels.numerics import (AWKWARD_2D, BATCHED, DTYPES, TINY, OpNames, bits, check_against_reference, fwd_bwd,
                                     make, max_err, run_in_triton_interpreter, to_f64, with_nonfinite)
 
 # name -> (public fn taking provider=, reference, has_bias, gated, kwargs)
@@ -129,14 +129,6 @@ def test_every_instruction_set_copy_matches_float64(isa: str, monkeypatch) -> No
     check("gelu", "cpu", [with_nonfinite(args[0])], torch.float32)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """t's bits, with every NaN as one value (which NaN payload a product keeps depends on the
-    instruction's operand order, which the compiler may pick either way)."""
-    b = t.detach().view({torch.float32: torch.int32}.get(t.dtype, torch.int16)).clone()
-    b[t.detach().isnan()] = -1
-    return b
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_avx512_and_avx2_copies_agree_bit_for_bit(case: str, monkeypatch) -> None:
     """The two vector copies do the same operations (multiply-adds contracted alike, the same exp
@@ -157,7 +149,7 @@ def test_avx512_and_avx2_copies_agree_bit_for_bit(case: str, monkeypatch) -> Non
                 got = {}
                 for isa in ("avx512", "avx2"):
                     monkeypatch.setenv("FUSIONLENS_CPU_ISA", isa)
-                    got[isa] = [_bits(t) for t in fwd_bwd(lambda *a: fn(*a, **kwargs, provider="cpu"), args)]
+                    got[isa] = [bits(t) for t in fwd_bwd(lambda *a: fn(*a, **kwargs, provider="cpu"), args)]
                 for i, (a, b) in enumerate(zip(got["avx512"], got["avx2"])):
                     assert torch.equal(a, b), (case, dtype, shape, i, int((a != b).sum()))
     finally:
