@@ -9,6 +9,7 @@ decompression bomb is refused after at most one step past the cap. Zip members w
 from __future__ import annotations
 
 import io
+import lzma
 import mmap
 import os
 import zipfile
@@ -167,6 +168,27 @@ def _from_bytes(buf: Any, label: str, budget: Budget) -> Iterator[Payload]:
         yield Payload(label, buf)
 
 
+# What zipfile and its decompressors raise on damaged or unsupported archives: BadZipFile, zlib /
+# LZMA errors, bz2's OSError ("Invalid data stream"), EOFError, NotImplementedError (a compression
+# method Python lacks), RuntimeError (an encrypted member), ValueError (a negative seek from a
+# damaged offset). Found by fuzzing zip bytes: each used to escape load_trace as itself.
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, NotImplementedError,
+              RuntimeError, ValueError)
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _member_problem(exc: BaseException) -> str:
+    """What is wrong with a zip member, in words, from the exception reading it raised."""
+    if isinstance(exc, RuntimeError) and "encrypted" in str(exc):
+        return "encrypted zip member (password-protected archives are not supported)"
+    if isinstance(exc, NotImplementedError):
+        return f"zip member compressed with a method this Python cannot read ({_one_line(exc)})"
+    return f"corrupt zip member ({_one_line(exc)})"
+
+
 def _check_member_name(name: str, label: str) -> None:
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
@@ -176,8 +198,8 @@ def _check_member_name(name: str, label: str) -> None:
 def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
     try:
         zf = zipfile.ZipFile(fh)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise TraceError(f"{label}: not a readable zip archive ({exc})") from None
+    except ZIP_ERRORS as exc:  # a damaged directory: BadZipFile, or a negative seek (ValueError)
+        raise TraceError(f"{label}: not a readable zip archive ({_one_line(exc)})") from None
     with zf:
         infos = zf.infolist()
         for info in infos:
@@ -200,8 +222,10 @@ def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
                             budget.take(len(block), mlabel)
                             buf += block
                         payload = Payload(mlabel, buf)
-            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-                raise TraceError(f"{mlabel}: corrupt zip member ({exc})") from None
+            except TraceError:  # over the budget, or a bad gzip inside: already one line
+                raise
+            except ZIP_ERRORS as exc:
+                raise TraceError(f"{mlabel}: {_member_problem(exc)}") from None
             yield payload
 
 

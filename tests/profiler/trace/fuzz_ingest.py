@@ -5,7 +5,8 @@
 of tests/data/traces, mutates each draw the way broken or unusual profiler output looks (fields of
 the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic links, shuffled,
 duplicated or dropped events, odd metadata, garbage kernel names, a second rank (a shifted copy or
-another job's trace), truncated or flipped bytes; sometimes a real trace to diff against), and
+another job's trace), truncated or flipped bytes, the ranks as members of a zip (any method, its
+headers sometimes damaged); sometimes a real trace to diff against), and
 checks the contract a user of the Load page relies on:
 
 1. `load_trace` returns a Trace or raises TraceError with one line (< 400 characters); nothing else.
@@ -23,11 +24,13 @@ from __future__ import annotations
 import argparse
 import copy
 import gzip
+import io
 import json
 import random
 import sys
 import time
 import traceback
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -296,7 +299,34 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
         how = rng.choice(sorted(MUTATORS))
         MUTATORS[how](rng, doc2)
         compare = (f"{compare[0]} ({how})", json.dumps(doc2).encode())
+    if rng.random() < 0.1 and "bytes" not in names:  # drawn last too: the ranks as members of one zip
+        payloads = [zipped(rng, payloads)]
+        names.append("zip")
     return Case(seed, name, names, payloads, compare)
+
+
+ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
+
+
+def zipped(rng: random.Random, payloads: list) -> bytes:
+    """The payloads as members of one zip (any of Python's four methods, gzipped members as
+    .json.gz, maybe a directory entry and a non-trace file), and in a third of the cases a few
+    bytes of its headers damaged: the local header, or the central directory and its end record
+    (flags, methods, sizes, offsets, name lengths)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", rng.choice(ZIP_METHODS)) as zf:
+        if rng.random() < 0.3:
+            zf.writestr("traces/", b"")
+            zf.writestr("README.txt", b"not a trace")
+        for i, data in enumerate(payloads):
+            zf.writestr(f"traces/rank{i}.json" + (".gz" if data[:2] == b"\x1f\x8b" else ""), data)
+    data = bytearray(buf.getvalue())
+    if rng.random() < 1 / 3:
+        directory = data.rfind(b"PK\x01\x02")
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(64) if rng.random() < 0.5 else rng.randrange(max(0, directory - 64), len(data))
+            data[min(i, len(data) - 1)] = rng.randrange(256)
+    return bytes(data)
 
 
 def check(case: Case) -> tuple[str, Optional[str]]:

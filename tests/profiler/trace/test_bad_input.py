@@ -146,6 +146,58 @@ def test_zip_member_paths_outside_are_refused(tmp_path, member):
     assert "paths.zip" in msg and "absolute or '..' path" in msg
 
 
+def _zip_bytes(method=zipfile.ZIP_DEFLATED) -> bytearray:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as zf:
+        zf.writestr("rank0.json", json.dumps({"traceEvents": [_kernel(i) for i in range(200)]}))
+    return bytearray(buf.getvalue())
+
+
+def _set_both_headers(data: bytearray, offset: int, value: bytes) -> bytearray:
+    """Write `value` at `offset` of the local header and at the same field of the central one
+    (local flags / method at 6 / 8 sit at 8 / 10 in the central record)."""
+    data[offset:offset + len(value)] = value
+    cd = data.rfind(b"PK\x01\x02")
+    data[cd + offset + 2:cd + offset + 2 + len(value)] = value
+    return data
+
+
+def _damaged_zips() -> dict[str, tuple[bytes, str]]:
+    """{case: (zip bytes, words the error must contain)}: each used to escape load_trace as
+    zipfile's or a decompressor's own exception (a zip-byte fuzzer, 2026-12-04)."""
+    encrypted = _zip_bytes()
+    encrypted[6] |= 1
+    encrypted = _set_both_headers(encrypted, 6, bytes([encrypted[6]]) + bytes(encrypted[7:8]))
+    method = _set_both_headers(_zip_bytes(), 8, (99).to_bytes(2, "little"))
+    bz2_bad = _zip_bytes(zipfile.ZIP_BZIP2)
+    start = 30 + len("rank0.json")  # the member's data: a bzip2 stream ("BZh9...")
+    assert bz2_bad[start:start + 3] == b"BZh"
+    bz2_bad[start:start + 4] = b"XXXX"
+    lzma_bad = _zip_bytes(zipfile.ZIP_LZMA)
+    lzma_bad[start + 4:start + 9] = b"\xff" * 5  # the LZMA properties
+    seek = _zip_bytes()
+    eocd = seek.rfind(b"PK\x05\x06")
+    offset = int.from_bytes(seek[eocd + 16:eocd + 20], "little")  # where the central directory starts
+    seek[eocd + 16:eocd + 20] = (offset + (1 << 24)).to_bytes(4, "little")  # members now "before" byte 0
+    return {"encrypted": (bytes(encrypted), "encrypted zip member"),
+            "method 99": (bytes(method), "compressed with a method"),
+            "bzip2 data": (bytes(bz2_bad), "corrupt zip member"),
+            "lzma data": (bytes(lzma_bad), "corrupt zip member"),
+            "directory offset": (bytes(seek), "corrupt zip member")}
+
+
+@pytest.mark.parametrize("case", sorted(_damaged_zips()))
+def test_damaged_or_unsupported_zip_is_one_line(tmp_path, case):
+    """An encrypted member, a compression method Python lacks, damaged bzip2 / LZMA data and a
+    directory offset that makes zipfile seek before the file's start: one TraceError naming the
+    archive (and member), from bytes and from a path alike."""
+    data, words = _damaged_zips()[case]
+    for source in (data, _write(tmp_path, "damaged.zip", data)):
+        msg = _error(source)
+        assert words in msg, msg
+        assert ("damaged.zip" in msg) or ("<bytes>" in msg), msg
+
+
 def test_missing_file_and_unreadable_source(tmp_path):
     assert "no such file" in _error(tmp_path / "nope.json")
     assert "cannot read a trace" in _error(12345)
