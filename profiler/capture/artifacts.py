@@ -151,8 +151,12 @@ def load_saved_trace(folder: str | Path) -> Trace:
     try:
         tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
         meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"saved trace {folder}: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - see below
+        # Damaged Parquet fails in many ways besides OSError / ValueError (ArrowInvalid): pyarrow's
+        # ArrowNotImplementedError and ArrowIndexError, pandas' metadata KeyError and TypeError
+        # (byte flips, found by fuzzing saved folders). All mean "unreadable", in one line.
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise TraceError(f"saved trace {folder}: unreadable ({type(exc).__name__}: {first})") from None
     problem = _saved_meta_problem(meta)
     if problem:
         raise TraceError(f"saved trace {folder}: meta.json {problem}")
