@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import os
 import queue
+import re
 import socket
 import time
 from pathlib import Path
@@ -150,6 +151,29 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
             dist.destroy_process_group()
 
 
+RANK_TRACE_NAME = re.compile(r"kineto_rank(\d+)\.pt\.trace\.json")
+
+
+def read_op_costs(path: Path) -> pd.DataFrame:
+    """A rank's op costs (flops.COST_COLUMNS) as the FLOPs pass wrote them; CaptureError (one line)
+    when the file is damaged, is another table, or holds values of the wrong type. A rank folder is
+    opened from a path a person typed, so it may have been edited or cut short; pyarrow and pandas
+    fail on such a file in many ways (ArrowInvalid, OSError, KeyError, UnicodeDecodeError, ...)."""
+    from profiler.capture.flops import COST_COLUMNS
+
+    try:
+        costs = pd.read_parquet(path)
+        missing = [c for c in ("name", "rule", "flops", "bytes_moved") if c not in costs.columns]
+        if missing:
+            raise CaptureError(f"{path}: not an op-costs table (no {', '.join(missing)} column)")
+        return costs.astype({c: t for c, t in COST_COLUMNS.items() if c in costs.columns})
+    except CaptureError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every way a damaged file fails reads as one line
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise CaptureError(f"{path}: unreadable op costs ({type(exc).__name__}: {first})") from None
+
+
 def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] = None, **load_kwargs: Any):
     """Load every rank's Kineto JSON in `out_dir` as one Trace and join each rank's op costs.
     `load_kwargs` go to `profiler.trace.load_trace`."""
@@ -158,15 +182,16 @@ def load_ddp_trace(out_dir: str | Path, meta_extra: Optional[Mapping[str, Any]] 
     from profiler.trace.model import Trace
 
     out_dir = Path(out_dir)
-    paths = sorted(out_dir.glob("kineto_rank*.pt.trace.json"), key=lambda p: int(p.name[11:].split(".")[0]))
-    if not paths:
-        raise CaptureError(f"no per-rank traces (kineto_rank*.pt.trace.json) in {out_dir}")
-    trace = _load_trace()([str(p) for p in paths], **load_kwargs)
+    ranked = {int(m.group(1)): p for p in out_dir.glob("kineto_rank*.pt.trace.json")
+              if (m := RANK_TRACE_NAME.fullmatch(p.name))}  # other names (kineto_rankX...) are not ours
+    if not ranked:
+        raise CaptureError(f"no per-rank traces (kineto_rank<N>.pt.trace.json) in {out_dir}")
+    trace = _load_trace()([str(ranked[r]) for r in sorted(ranked)], **load_kwargs)
     parts, joins = [], {}
     for rank, events in trace.events.groupby("rank", observed=True, sort=True):
         costs_path = out_dir / f"op_costs_rank{rank}.parquet"
         if costs_path.is_file():
-            events, stats = join_costs(events, pd.read_parquet(costs_path))
+            events, stats = join_costs(events, read_op_costs(costs_path))
             joins[int(rank)] = stats.as_dict()
         parts.append(events)
     dtypes = {**trace.events.dtypes.to_dict(), "module": "category"}  # the join named modules the upload lacks
