@@ -16,20 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from profiler.cli import register_command
+from profiler.cli._args import add_max_decompressed, count, max_decompressed_bytes
 
 TOP_KERNELS = 10
 NAME_WIDTH = 70
-
-
-def _count(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,18 +28,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "or a saved Trace folder / capture --out folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="write every analysis as versioned JSON to OUT")
     p.add_argument("--compare", nargs="+", metavar="OTHER", help="trace file(s) to diff against (B vs A=TRACE)")
-    p.add_argument("--top", type=_count, default=TOP_KERNELS, help=f"kernels to list (default {TOP_KERNELS})")
-    p.add_argument("--max-rows", type=_count, default=200,
+    p.add_argument("--top", type=count, default=TOP_KERNELS, help=f"kernels to list (default {TOP_KERNELS})")
+    p.add_argument("--max-rows", type=count, default=200,
                    help="rows per table under 'analyses' in the JSON (headline tables are complete)")
-    p.add_argument("--max-decompressed-gb", type=float, default=4.0,
-                   help="refuse traces that decompress to more than this (default 4)")
+    add_max_decompressed(p)
 
 
-def _load(paths: list[str], max_gb: float):
+def _load(paths: list[str], max_bytes: int):
     """Trace files through ingestion, or one saved Trace folder (a capture's) as it is."""
     from profiler.capture.artifacts import load_traces_or_saved
 
-    return load_traces_or_saved(paths, max_decompressed_bytes=int(max_gb * (1 << 30)))
+    return load_traces_or_saved(paths, max_decompressed_bytes=max_bytes)
 
 
 def _short(name: Any, width: int = NAME_WIDTH) -> str:
@@ -210,8 +199,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:
         check_json_target(args.json)
-    trace = _load(args.traces, args.max_decompressed_gb)
-    other = _load(args.compare, args.max_decompressed_gb) if args.compare else None
+    trace = _load(args.traces, max_decompressed_bytes(args))
+    other = _load(args.compare, max_decompressed_bytes(args)) if args.compare else None
     report = build_report(trace, compare=other, max_rows=args.max_rows)
     print("\n".join(summary_lines(report, args.top)))
     if args.json:

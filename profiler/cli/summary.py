@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from profiler.cli import register_command
+from profiler.cli._args import add_max_decompressed, max_decompressed_bytes
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,8 +14,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=".json/.json.gz trace, a directory or .zip of them (several files = several ranks), "
                         "or a capture's output folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="also write the summary as a JSON object")
-    p.add_argument("--max-decompressed-gb", type=float, default=4.0,
-                   help="refuse traces that decompress to more than this (default 4)")
+    add_max_decompressed(p)
 
 
 @register_command("summary", "Load trace(s) as one Trace and print a short summary", _add_arguments)
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from profiler.trace.summary import summarize
 
     # as `analyze`: a capture's folder (or its trace/ folder) opens its saved Parquet Trace
-    trace = load_traces_or_saved(list(args.traces), max_decompressed_bytes=int(args.max_decompressed_gb * (1 << 30)))
+    trace = load_traces_or_saved(list(args.traces), max_decompressed_bytes=max_decompressed_bytes(args))
     s = summarize(trace)
     print(f"trace: {', '.join(s['sources'])}")
     if s["devices"]:

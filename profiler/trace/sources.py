@@ -41,7 +41,7 @@ class Budget:
         self.used += n
         if self.used > self.limit:
             raise TraceError(f"{label}: decompressed data exceeds the limit of {_gib(self.limit)} "
-                             "(a decompression bomb or a trace too large; raise max_decompressed_bytes)")
+                             "(a decompression bomb or a trace too large; raise --max-decompressed-gb / max_decompressed_bytes)")
 
 
 @dataclass
@@ -272,6 +272,9 @@ def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
 
 def iter_payloads(sources: Any, max_decompressed_bytes: int) -> Iterator[Payload]:
     """Yield one Payload per trace file found in `sources` (see load_trace for what it accepts)."""
+    if isinstance(max_decompressed_bytes, bool) or not isinstance(max_decompressed_bytes, (int, float)) \
+            or not max_decompressed_bytes >= 1 or max_decompressed_bytes == float("inf"):
+        raise TraceError(f"max_decompressed_bytes must be a number of bytes >= 1, got {max_decompressed_bytes!r}")
     budget = Budget(int(max_decompressed_bytes))
     items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
     if not items:

@@ -55,6 +55,26 @@ def test_bad_input_exits_2_with_one_line(tmp_path, content):
     assert len(lines) == 1 and "bad.json" in lines[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("command", ["summary", "analyze"])
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "abc"])
+def test_a_bad_decompression_limit_exits_2_with_one_line(command, value):
+    """-1, nan and inf reached the loader and failed there with OverflowError / ValueError tracebacks."""
+    proc = subprocess.run([sys.executable, "-m", "profiler", command, str(trace_named("hta_v100_ns_resolution")),
+                           f"--max-decompressed-gb={value}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"python -m profiler {command}: error: argument --max-decompressed-gb: expected a number of GiB > 0, got "
+        + (repr(value) if value == "abc" else value)]
+
+
+def test_load_trace_refuses_a_limit_that_is_not_a_byte_count():
+    from profiler.trace import TraceError, load_trace
+
+    for bad in (-1, 0, float("nan"), float("inf"), "5", True, None):
+        with pytest.raises(TraceError, match="max_decompressed_bytes must be a number of bytes >= 1"):
+            load_trace(b'{"traceEvents": []}', max_decompressed_bytes=bad)
+
+
 def test_missing_file_exits_2(tmp_path):
     proc = _run(tmp_path / "missing.json.gz")
     assert proc.returncode == 2 and "no such file" in proc.stderr
