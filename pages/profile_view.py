@@ -177,15 +177,10 @@ def make_request(spec: str, *, size: str, batch: Optional[int], settings: str, d
 
 
 def unique_out_dir(spec: str, root: Path) -> Path:
-    """`report.default_out_dir` under `root`, with -2, -3, ... when a run in the same second took it."""
+    """`report.default_out_dir` under `root` (-2, -3, ... when a run in the same second took it)."""
     from profiler.capture.report import default_out_dir
 
-    base = default_out_dir(spec, root)
-    out, n = base, 1
-    while out.exists():
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
+    return default_out_dir(spec, root)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,21 @@ ROOF_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float6
 CEILING_CHOICES = ("measured", "quick", "table", "none")
 
 
-def default_out_dir(spec: str, root: str | Path = ".fusionlens/captures") -> Path:
-    """`.fusionlens/captures/<spec>-<UTC time>` with the spec made filename-safe."""
+def default_out_dir(spec: str, root: str | Path | None = None) -> Path:
+    """`<root>/<spec>-<UTC time>` with the spec made filename-safe, and -2, -3, ... when a run in
+    the same second took the name (a second capture there would clear the first's outputs).
+    `root` defaults to the data dir's `captures/` (`$FUSIONLENS_DATA_DIR` or `./.fusionlens`),
+    where the Load page lists earlier captures."""
+    from profiler.capture.ceilings import data_dir
+
     stamp = pd.Timestamp.now(tz="UTC").strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.")[-60:] or "model"
-    return Path(root) / f"{safe}-{stamp}"
+    base = (data_dir() / "captures" if root is None else Path(root)) / f"{safe}-{stamp}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
 
 
 MODULES_CSV = "roofline_modules.csv"

@@ -186,3 +186,28 @@ def test_dtype_takes_the_short_names_users_type():
         == ["bfloat16", "float16", "float16", "float32", "float32", "float64", "bfloat16", "float64"]
     proc = run("mlp", "--dtype", "int8")
     assert proc.returncode == 2 and "invalid choice: 'int8'" in proc.stderr
+
+
+def test_without_out_a_capture_lands_in_the_data_dir_where_the_load_page_lists_it(tmp_path):
+    """The default --out used to be ./.fusionlens/captures whatever FUSIONLENS_DATA_DIR said, so a
+    capture made with another data dir never showed under the Load page's earlier captures."""
+    from profiler.capture.artifacts import recent_captures
+
+    data = tmp_path / "data"
+    proc = run("mlp", "--size", "tiny", "--mode", "infer", "--steps", "1", "--ceilings", "none", data_dir=data)
+    assert proc.returncode == 0, proc.stderr
+    found = recent_captures(data / "captures")
+    assert len(found) == 1 and found[0].name.startswith("mlp-")
+    assert f"wrote {found[0]}/" in proc.stdout
+
+
+def test_default_out_dirs_of_one_second_differ(tmp_path, monkeypatch):
+    from profiler.capture.report import default_out_dir
+
+    monkeypatch.setenv("FUSIONLENS_DATA_DIR", str(tmp_path))
+    first = default_out_dir("a/b.py:build")
+    assert first.parent == tmp_path / "captures" and first.name.startswith("a_b.py_build-")
+    first.mkdir(parents=True)
+    second = default_out_dir("a/b.py:build")
+    assert not second.exists() and second != first
+    assert second.name == first.name + "-2" or second.name > first.name  # same second, or a later one
