@@ -1,6 +1,8 @@
 """Load page: upload trace files, pick a bundled sample, an earlier capture or a local path; show the summary."""
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
 from pages import load_view as lv
@@ -71,8 +73,8 @@ elif source == "sample":
 elif source == "capture":
     folder = next(p for p in captures if p.name == capture)
     loaded = _try(f"capture {capture}", load_paths, [str(folder)])
-elif source == "local_path":
-    loaded = _try(local_path.strip(), load_paths, [local_path.strip()])
+elif source == "local_path":  # "~/traces/run.json" as a shell would read it
+    loaded = _try(local_path.strip(), load_paths, [os.path.expanduser(local_path.strip())])
 
 trace = current_trace()
 if trace is None:

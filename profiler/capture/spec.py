@@ -233,7 +233,7 @@ def load_spec(spec: str, *, size: str = "small", batch: int | None = None,
         from profiler.capture.hub_kernels import keep_transformers_off_our_kernels
 
         keep_transformers_off_our_kernels()  # the user's code may build a transformers model
-        module = _import_file(spec, Path(target)) if kind == "file" else _import_module(spec, target)
+        module = _import_file(spec, Path(target).expanduser()) if kind == "file" else _import_module(spec, target)
         build = getattr(module, attr, None)
         if not callable(build):
             raise SpecError(f"spec {spec!r}: {target} has no function {attr!r}")

@@ -56,6 +56,19 @@ def test_bad_local_path_is_one_line_error(tmp_path):
     assert "\n" not in at.error[0].value.strip()
 
 
+def test_a_local_path_under_home_takes_the_tilde(tmp_path, monkeypatch):
+    """"~/..." in the path field is the home folder, as in a shell (it was "no such file")."""
+    import shutil
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copy(TRACES / "tracelens_h100_bert_small.json.gz", tmp_path / "mine.json.gz")
+    at = _app().run()
+    at.text_input(key="local_path").input("~/mine.json.gz").run()
+    assert not at.exception and not at.error
+    assert at.session_state["fusionlens_trace"] is not None
+    assert at.subheader[0].value == "~/mine.json.gz"
+
+
 def test_an_earlier_capture_reopens_with_its_flops_modules_and_roofs(tmp_path, monkeypatch):
     """A Profile-page run saved under <data dir>/captures is offered on the Load page (newest first)
     and reopens from its Parquet Trace: FLOPs, modules and the roofs it was measured against, which

@@ -30,6 +30,19 @@ def test_missing_file(tmp_path):
     one_line_error(f"{tmp_path}/nope.py:build", "file not found")
 
 
+def test_a_spec_under_home_takes_the_tilde(tmp_path, monkeypatch):
+    """"~/model.py:build" (typed in the Profile page's field, or quoted on a command line) is the
+    home folder's file, as a shell would read it; it was "file not found"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path, """
+        import torch
+        def build():
+            return torch.nn.Linear(3, 2), (torch.randn(4, 3),)
+    """, name="home_model.py")
+    assert load_spec("~/home_model.py:build").inputs[0].shape == (4, 3)
+    one_line_error("~/nope.py:build", "file not found")
+
+
 def test_import_error_and_syntax_error(tmp_path):
     bad = write(tmp_path, "import not_a_module_anywhere_xyz\n")
     one_line_error(f"{bad}:build", "ModuleNotFoundError")
