@@ -14,7 +14,7 @@ from profiler.trace.summary import summarize
 
 require_router("pages/load.py")
 st.title("📂 Load a trace")
-st.caption("PyTorch profiler (Kineto) traces: `.json`, `.json.gz`, a `.zip`, or several files "
+st.caption("PyTorch profiler (Kineto) traces: `.json`, `.json.gz`, a `.zip` or `.tar(.gz)`, or several files "
            "for several ranks. Parsed once per content; nothing leaves this machine.")
 
 SOURCE_KEY = "fusionlens_load_source"  # the input the person changed last: it wins over the others
@@ -24,7 +24,7 @@ def _chose(source: str) -> None:
     st.session_state[SOURCE_KEY] = source
 
 
-uploads = st.file_uploader("Trace files", type=["json", "gz", "zip"], accept_multiple_files=True,
+uploads = st.file_uploader("Trace files", type=["json", "gz", "zip", "tar", "tgz"], accept_multiple_files=True,
                            key="uploads", on_change=_chose, args=("uploads",))
 col_sample, col_capture, col_path = st.columns(3)
 samples = sample_traces()
@@ -39,8 +39,8 @@ with col_capture:
                                 "modules and roofs)")
 with col_path:
     local_path = st.text_input("…or a path on this machine", key="local_path", on_change=_chose,
-                               args=("local_path",), help="A trace file, a directory or .zip of them (several "
-                                                          "ranks), or a capture's output folder")
+                               args=("local_path",), help="A trace file, a directory, .zip or .tar(.gz) of them "
+                                                          "(several ranks), or a capture's output folder")
 
 
 def _try(label: str, loader, *args) -> bool:

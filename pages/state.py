@@ -49,7 +49,7 @@ def load_uploaded(blobs: list[tuple[str, bytes]]) -> Trace:
 
 
 def load_paths(paths: list[str]) -> Trace:
-    """Trace files, a directory or .zip of them, or a saved capture folder (cached per path and mtime)."""
+    """Trace files, a directory, .zip or .tar(.gz) of them, or a saved capture folder (cached per path and mtime)."""
     mtimes = tuple(_mtime(Path(p)) for p in paths)
     return _load_paths(tuple(paths), mtimes)
 

@@ -176,7 +176,7 @@ def load_saved_trace(folder: str | Path) -> Trace:
 
 
 def load_traces_or_saved(paths: list[str], **load_kwargs: Any) -> Trace:
-    """Trace files (JSON, one per rank; a directory or .zip of them) through ingestion, or one saved
+    """Trace files (JSON, one per rank; a directory, .zip or .tar(.gz) of them) through ingestion, or one saved
     Trace folder as it is (a capture's Parquet Trace keeps its joined FLOPs, modules and roofs,
     which its Kineto JSON lacks). What `analyze` and the Load page open. `load_kwargs` go to
     `profiler.trace.load_trace`."""

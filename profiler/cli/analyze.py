@@ -24,7 +24,7 @@ NAME_WIDTH = 70
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help=".json/.json.gz trace, a directory or .zip of them (several files = several ranks), "
+                   help=".json/.json.gz trace, a directory, .zip or .tar(.gz) of them (several files = several ranks), "
                         "or a saved Trace folder / capture --out folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="write every analysis as versioned JSON to OUT")
     p.add_argument("--compare", nargs="+", metavar="OTHER", help="trace file(s) to diff against (B vs A=TRACE)")

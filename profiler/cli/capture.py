@@ -33,7 +33,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=3, help="profiled (active) steps (default 3)")
     p.add_argument("--wait", type=int, default=1, help="unprofiled steps first (default 1)")
     p.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps, discarded (default 1)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default <data dir>/captures/SPEC-TIME; the data dir is $FUSIONLENS_DATA_DIR or ./.fusionlens)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default <data dir>/captures/SPEC-TIME; the data dir is "
+                        "$FUSIONLENS_DATA_DIR or ./.fusionlens)")
     p.add_argument("--nproc", type=int, default=1, help="ranks for a DDP run (gloo on CPU, NCCL on GPU)")
     p.add_argument("--batch", type=int, default=None, help="batch size (zoo, hf, or a build(batch=...) spec)")
     p.add_argument("--size", default="small", help="zoo/hf preset: tiny, small (default) or medium")

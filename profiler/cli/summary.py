@@ -11,7 +11,7 @@ from profiler.cli._args import add_max_decompressed, max_decompressed_bytes
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help=".json/.json.gz trace, a directory or .zip of them (several files = several ranks), "
+                   help=".json/.json.gz trace, a directory, .zip or .tar(.gz) of them (several files = several ranks), "
                         "or a capture's output folder")
     p.add_argument("--json", metavar="OUT", type=Path, help="also write the summary as a JSON object")
     add_max_decompressed(p)

@@ -140,7 +140,7 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
 
     Args:
         source_or_sources: a path (str/Path) to a `.json`/`.json.gz` file, a directory of them, a
-            `.zip` of them, bytes, a binary file-like, or a list of any of these (one file per rank).
+            `.zip` or `.tar(.gz)` of them, bytes, a binary file-like, or a list of any of these (one file per rank).
         rank: override the rank of each file (an int for one file, else one int per file).
             By default it is `distributedInfo.rank`; files without one get the lowest free rank.
         max_decompressed_bytes: refuse once this many bytes of JSON were decompressed/read.

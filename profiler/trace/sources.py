@@ -1,10 +1,11 @@
-"""Turn what a user hands us (paths, bytes, file-likes, lists, directories, zips) into JSON bytes.
+"""Turn what a user hands us (paths, bytes, file-likes, lists, directories, zips, tars) into JSON bytes.
 
 Each trace file becomes one `Payload` (a label naming it and its decompressed bytes), produced
 lazily so that only one file's bytes are alive at a time. Compression is sniffed from magic
 bytes, not from names. Decompression streams in bounded steps against a shared byte budget, so a
-decompression bomb is refused after at most one step past the cap. Zip members with absolute or
-`..` paths are refused. Nothing is unpickled: the only decoder downstream is a JSON parser.
+decompression bomb is refused after at most one step past the cap. Zip and tar members with
+absolute or `..` paths are refused; a tar's links and devices are passed over. Nothing is
+unpickled: the only decoder downstream is a JSON parser.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import io
 import lzma
 import mmap
 import os
+import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -41,7 +43,8 @@ class Budget:
         self.used += n
         if self.used > self.limit:
             raise TraceError(f"{label}: decompressed data exceeds the limit of {_gib(self.limit)} "
-                             "(a decompression bomb or a trace too large; raise --max-decompressed-gb / max_decompressed_bytes)")
+                             "(a decompression bomb or a trace too large; raise --max-decompressed-gb / "
+                             "max_decompressed_bytes)")
 
 
 @dataclass
@@ -189,6 +192,13 @@ def _member_problem(exc: BaseException) -> str:
     return f"corrupt zip member ({_one_line(exc)})"
 
 
+def _is_trace_member(name: str) -> bool:
+    """An archive member that holds a trace by its name: .json / .json.gz, not macOS's resource
+    forks (`__MACOSX/...` in zips, `._name` in tars and zips made on a Mac)."""
+    base = PurePosixPath(name.replace("\\", "/")).name
+    return name.lower().endswith(TRACE_SUFFIXES) and not name.startswith("__MACOSX/") and not base.startswith("._")
+
+
 def _check_member_name(name: str, label: str) -> None:
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
@@ -204,8 +214,8 @@ def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
         infos = zf.infolist()
         for info in infos:
             _check_member_name(info.filename, label)
-        members = sorted((i for i in infos if not i.is_dir() and i.filename.lower().endswith(TRACE_SUFFIXES)
-                          and not i.filename.startswith("__MACOSX/")), key=lambda i: i.filename)
+        members = sorted((i for i in infos if not i.is_dir() and _is_trace_member(i.filename)),
+                         key=lambda i: i.filename)
         if not members:
             raise TraceError(f"{label}: the zip archive holds no .json or .json.gz trace")
         for info in members:
@@ -233,6 +243,86 @@ def _prepend(head: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     if head:
         yield head
     yield from rest
+
+
+TAR_MAGIC_AT = 257  # POSIX ustar and GNU tar headers say "ustar" at this offset of each 512-byte block
+
+
+def _is_tar(buf: Any) -> bool:
+    return len(buf) >= 512 and bytes(buf[TAR_MAGIC_AT:TAR_MAGIC_AT + 5]) == b"ustar"
+
+
+class _ViewReader(io.RawIOBase):
+    """A read-only, seekable file over a buffer (bytes, an mmap, a view) without copying it, for
+    tarfile (io.BytesIO would copy a whole decompressed archive)."""
+
+    def __init__(self, buf: Any) -> None:
+        super().__init__()
+        self.view, self.pos = memoryview(buf).cast("B"), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self.view) - self.pos))
+        b[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.view)}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.pos = base + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        self.view.release()
+        super().close()
+
+
+# What tarfile raises on a damaged archive: TarError (ReadError, HeaderError, ...), EOFError,
+# OSError, ValueError (bad numbers in a header; UnicodeDecodeError in a name).
+TAR_ERRORS = (tarfile.TarError, EOFError, OSError, ValueError)
+
+
+def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
+    """A tar archive's trace members (.json, or .json.gz gunzipped under the budget), by name; the
+    archive's bytes were charged to the budget already. Other payloads pass through."""
+    if not _is_tar(payload.buf):
+        yield payload
+        return
+    label = payload.label
+    reader = _ViewReader(payload.buf)
+    try:
+        try:
+            with tarfile.open(fileobj=reader, mode="r:") as tf:
+                infos = tf.getmembers()
+                for info in infos:
+                    _check_member_name(info.name, label)
+                members = sorted((i for i in infos if i.isfile() and _is_trace_member(i.name)), key=lambda i: i.name)
+                if not members:
+                    raise TraceError(f"{label}: the tar archive holds no .json or .json.gz trace")
+                data = [(f"{label}!{i.name}", reader.view[i.offset_data:i.offset_data + i.size]) for i in members]
+        except TraceError:
+            raise
+        except TAR_ERRORS as exc:
+            raise TraceError(f"{label}: not a readable tar archive ({_one_line(exc)})") from None
+        for mlabel, view in data:
+            if bytes(view[:2]) == GZIP_MAGIC:
+                yield gunzip(_chunks_of(view), mlabel, budget)
+            else:
+                yield Payload(mlabel, bytes(view))
+            view.release()
+    finally:
+        reader.close()
+        payload.release()
 
 
 def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
@@ -281,12 +371,12 @@ def iter_payloads(sources: Any, max_decompressed_bytes: int) -> Iterator[Payload
         raise TraceError("no trace given")
     for i, src in enumerate(items):
         if isinstance(src, (str, os.PathLike)):
-            yield from _from_path(Path(src), budget)
+            found = _from_path(Path(src), budget)
         elif isinstance(src, (bytes, bytearray, memoryview)):
             label = f"<bytes #{i}>" if len(items) > 1 else "<bytes>"
             if len(src) == 0:
                 raise TraceError(f"{label}: empty input")
-            yield from _from_bytes(src, label, budget)
+            found = _from_bytes(src, label, budget)
         elif hasattr(src, "read"):
             label = str(getattr(src, "name", None) or (f"<file-like #{i}>" if len(items) > 1 else "<file-like>"))
             data = src.read()
@@ -294,6 +384,8 @@ def iter_payloads(sources: Any, max_decompressed_bytes: int) -> Iterator[Payload
                 data = data.encode()
             if not data:
                 raise TraceError(f"{label}: empty file")
-            yield from _from_bytes(data, label, budget)
+            found = _from_bytes(data, label, budget)
         else:
             raise TraceError(f"cannot read a trace from a {type(src).__name__} (give a path, bytes or a file)")
+        for payload in found:  # a tar (plain or gzipped) becomes its trace members
+            yield from _untar(payload, budget)

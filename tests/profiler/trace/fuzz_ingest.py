@@ -5,8 +5,9 @@
 of tests/data/traces, mutates each draw the way broken or unusual profiler output looks (fields of
 the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic links, shuffled,
 duplicated or dropped events, odd metadata, garbage kernel names, a second rank (a shifted copy or
-another job's trace), truncated or flipped bytes, the ranks as members of a zip (any method, its
-headers sometimes damaged); sometimes a real trace to diff against), and
+another job's trace), truncated or flipped bytes, the ranks as members of a zip (any method) or
+a tar (any format, maybe gzipped), headers sometimes damaged; sometimes a real trace to diff
+against), and
 checks the contract a user of the Load page relies on:
 
 1. `load_trace` returns a Trace or raises TraceError with one line (< 400 characters); nothing else.
@@ -28,6 +29,7 @@ import io
 import json
 import random
 import sys
+import tarfile
 import time
 import traceback
 import zipfile
@@ -299,9 +301,10 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
         how = rng.choice(sorted(MUTATORS))
         MUTATORS[how](rng, doc2)
         compare = (f"{compare[0]} ({how})", json.dumps(doc2).encode())
-    if rng.random() < 0.1 and "bytes" not in names:  # drawn last too: the ranks as members of one zip
-        payloads = [zipped(rng, payloads)]
-        names.append("zip")
+    if rng.random() < 0.1 and "bytes" not in names:  # drawn last too: the ranks as members of one archive
+        kind = rng.choice(sorted(ARCHIVES))
+        payloads = [ARCHIVES[kind](rng, payloads)]
+        names.append(kind)
     return Case(seed, name, names, payloads, compare)
 
 
@@ -327,6 +330,36 @@ def zipped(rng: random.Random, payloads: list) -> bytes:
             i = rng.randrange(64) if rng.random() < 0.5 else rng.randrange(max(0, directory - 64), len(data))
             data[min(i, len(data) - 1)] = rng.randrange(256)
     return bytes(data)
+
+
+def tarred(rng: random.Random, payloads: list) -> bytes:
+    """The payloads as members of one tar (ustar, GNU or pax; gzipped members as .json.gz, maybe a
+    directory, a non-trace file and a symlink), the whole maybe gzipped, and in a third of the
+    cases a few bytes of its member headers damaged or the archive cut short."""
+    buf = io.BytesIO()
+    fmt = rng.choice((tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT))
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        extras = [("traces", tarfile.DIRTYPE, b""), ("traces/README.txt", tarfile.REGTYPE, b"not a trace"),
+                  ("traces/link.json", tarfile.SYMTYPE, b"")] if rng.random() < 0.3 else []
+        members = [(f"traces/rank{i}.json" + (".gz" if d[:2] == b"\x1f\x8b" else ""), tarfile.REGTYPE, d)
+                   for i, d in enumerate(payloads)]
+        for name, kind, data in extras + members:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, len(data)
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "rank0.json"
+            tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+    data = bytearray(buf.getvalue())
+    if rng.random() < 1 / 3:
+        headers = [i for i in range(0, len(data) - 511, 512) if data[i + 257:i + 262] == b"ustar"]
+        for _ in range(rng.randint(1, 4)):
+            data[rng.choice(headers) + rng.randrange(512)] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[:rng.randrange(len(data))]
+    return gzip.compress(bytes(data), compresslevel=1) if rng.random() < 0.5 else bytes(data)
+
+
+ARCHIVES: dict[str, Callable[[random.Random, list], bytes]] = {"zip": zipped, "tar": tarred}
 
 
 def check(case: Case) -> tuple[str, Optional[str]]:

@@ -1,10 +1,11 @@
-"""Several ranks (lists, directories, zips), bytes and file-likes, rank rules and clock alignment."""
+"""Several ranks (lists, directories, zips, tars), bytes and file-likes, rank rules and clock alignment."""
 from __future__ import annotations
 
 import gzip
 import io
 import json
 import shutil
+import tarfile
 import zipfile
 
 import numpy as np
@@ -101,6 +102,58 @@ def test_zip_of_ranks(tmp_path):
         assert _kernels_by_rank(tr)["count"].tolist() == [raw_truth(RANK0)["kernel_count"],
                                                           raw_truth(RANK1)["kernel_count"]]
     assert load_trace(path).meta["sources"][0].endswith("ranks.zip!run/rank0.json.gz")
+
+
+def _tar(path, members: dict, mode: str = "w") -> None:
+    """A tar at `path` with {name: bytes} regular members (mode "w:gz" for a .tar.gz)."""
+    with tarfile.open(path, mode) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("mode, name", [("w", "ranks.tar"), ("w:gz", "ranks.tar.gz"), ("w:gz", "ranks.tgz")])
+def test_tar_of_ranks(tmp_path, mode, name):
+    """Traces are often shared as a .tar.gz of a run's folder: its .json / .json.gz members load as
+    ranks, with macOS's ._ resource forks, links and other files passed over."""
+    path = tmp_path / name
+    _tar(path, {"run/rank0.json.gz": RANK0.read_bytes(), "run/rank1.json": gzip.decompress(RANK1.read_bytes()),
+                "run/._rank1.json": b"\x00\x05\x16\x07 resource fork", "run/README.txt": b"ignored"}, mode)
+    with tarfile.open(path, "a" if mode == "w" else "r") as tf:
+        if mode == "w":  # a symlink member (to a trace): not followed
+            link = tarfile.TarInfo("run/link.json")
+            link.type, link.linkname = tarfile.SYMTYPE, "rank1.json"
+            tf.addfile(link)
+    for source in (path, path.read_bytes(), io.BytesIO(path.read_bytes())):
+        tr = load_trace(source)
+        assert tr.ranks == (0, 1)
+        assert _kernels_by_rank(tr)["count"].tolist() == [raw_truth(RANK0)["kernel_count"],
+                                                          raw_truth(RANK1)["kernel_count"]]
+    assert list(load_trace(path).meta["sources"]) == [f"{path}!run/rank0.json.gz", f"{path}!run/rank1.json"]
+
+
+def test_bad_tars_are_one_line(tmp_path):
+    one = gzip.decompress(RANK1.read_bytes())
+    cases = {"outside.tar": ({"../evil.json": one}, "absolute or '..' path"),
+             "absolute.tar": ({"/etc/evil.json": one}, "absolute or '..' path"),
+             "empty.tar": ({"notes.txt": b"hello"}, "holds no .json or .json.gz trace")}
+    for name, (members, words) in cases.items():
+        _tar(tmp_path / name, members)
+        with pytest.raises(TraceError, match=words):
+            load_trace(tmp_path / name)
+    _tar(tmp_path / "good.tar", {"rank1.json": one})
+    good = (tmp_path / "good.tar").read_bytes()
+    damaged = bytearray(good)
+    damaged[148:156] = b"garbage!"  # the header's checksum
+    for bad in (bytes(damaged), good[:700]):  # a bad checksum; a member cut short
+        with pytest.raises(TraceError) as info:
+            load_trace(bad)
+        assert "\n" not in str(info.value) and "<bytes>" in str(info.value)
+    bomb = tmp_path / "bomb.tar.gz"
+    _tar(bomb, {"r.json.gz": gzip.compress(b'{"traceEvents": [' + b" " * (8 << 20) + b"]}")}, "w:gz")
+    with pytest.raises(TraceError, match="bomb.tar.gz!r.json.gz: decompressed data exceeds the limit"):
+        load_trace(bomb, max_decompressed_bytes=1 << 20)
 
 
 def test_bytes_file_like_and_plain_json_agree():
