@@ -71,7 +71,9 @@ def memcpy_stats(trace, by_memory_kind: bool = False) -> pd.DataFrame:
                 min_gb_per_s=("gb_per_s", "min"), max_gb_per_s=("gb_per_s", "max")).reset_index()
     with np.errstate(invalid="ignore", divide="ignore"):
         out["gb_per_s"] = np.where(out["total_us"] > 0, out["bytes"] / (out["total_us"] * 1e3), np.nan)
-    out["bytes"] = out["bytes"].round().astype("Int64")
+    # a sum past int64 (absurd per-copy sizes, e.g. 2^63 in a damaged trace) is unknown, not a crash
+    total = out["bytes"].round()
+    out["bytes"] = total.where(total.abs() < 2.0 ** 63).astype("Int64")
     out["count"] = out["count"].astype("int64")
     cols = keys + ["count", "bytes", "total_us", "mean_us", "gb_per_s", "mean_gb_per_s", "min_gb_per_s", "max_gb_per_s"]
     return out[cols]

@@ -35,6 +35,18 @@ def test_directions_bytes_and_bandwidth(tmp_path):
     assert res.loc[("memcpy", "unknown"), "count"] == 1
 
 
+def test_a_byte_sum_past_int64_is_unknown(tmp_path):
+    """Two copies of 2^62 + 2^61 bytes each sum past int64 (a damaged trace; trace fuzzer seed
+    301495): memcpy_stats raised TypeError casting the sum; now that group's bytes are unknown."""
+    t = SynthTrace()
+    for ts in (0, 100):
+        t.memcpy("HtoD", ts, 10, 2**62 + 2**61, corr=t.new_corr())
+    t.memcpy("DtoH", 300, 10, 1000, corr=t.new_corr())
+    res = memcpy.memcpy_stats(load(t, tmp_path)).set_index(["op", "direction"])
+    assert res.loc[("memcpy", "HtoD"), "count"] == 2 and res["bytes"].isna().sum() == 1
+    assert res.loc[("memcpy", "DtoH"), "bytes"] == 1000
+
+
 def test_memory_kinds(tmp_path):
     res = memcpy.memcpy_stats(load(copies_scenario(), tmp_path), by_memory_kind=True)
     htod = res[(res["direction"] == "HtoD") & (res["src_kind"] == "Pageable")].iloc[0]
