@@ -14,6 +14,7 @@ import gzip
 import json
 import re
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -40,8 +41,13 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[Path]]]:
     slip = folder / "slip.zip"
     with zipfile.ZipFile(slip, "w") as z:
         z.writestr("../../evil.json", gzip.decompress(raw))
+    pair_tgz = folder / "pair.tgz"  # two ranks in one .tgz, as a run's folder is often shared
+    with tarfile.open(pair_tgz, "w:gz") as tf:
+        for rank, name in enumerate(("hta_a100_rank0of2_nccl_data", "hta_v100_rank1of2_trace_diff_test")):
+            tf.add(TRACES / f"{name}.json.gz", arcname=f"run/rank{rank}.json.gz")
     return [("empty", [empty]), ("truncated", [truncated]), ("not_a_trace", [not_trace]),
-            ("garbage_gz", [garbage]), ("zip_one_trace", [good_zip]), ("zip_slip", [slip])]
+            ("garbage_gz", [garbage]), ("zip_one_trace", [good_zip]), ("zip_slip", [slip]),
+            ("tgz_two_ranks", [pair_tgz])]
 
 
 def cases(folder: Path) -> list[tuple[str, list[Path]]]:
