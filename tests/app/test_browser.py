@@ -98,12 +98,21 @@ def test_upload_shows_summary(server, tmp_path):
         browser.close()
 
 
-def test_two_files_upload_as_two_ranks(server):
-    """Several files in one upload become one Trace with a rank each; these two come from different runs
-    (A100 rank 0, V100 rank 1, unrelated clocks), so the page warns and tabulates the ranks."""
+@pytest.mark.parametrize("packed", [False, True], ids=["two_files", "one_tgz"])
+def test_two_files_upload_as_two_ranks(server, tmp_path, packed):
+    """Several files in one upload (or one .tgz of them) become one Trace with a rank each; these two
+    come from different runs (A100 rank 0, V100 rank 1, unrelated clocks), so the page warns and
+    tabulates the ranks."""
+    import tarfile
+
     from playwright.sync_api import sync_playwright
 
     pair = [TRACE.parent / "hta_a100_rank0of2_nccl_data.json.gz", TRACE.parent / "hta_v100_rank1of2_trace_diff_test.json.gz"]
+    if packed:
+        with tarfile.open(tmp_path / "run.tgz", "w:gz") as tf:
+            for rank, path in enumerate(pair):
+                tf.add(path, arcname=f"run/rank{rank}.json.gz")
+        pair = [tmp_path / "run.tgz"]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -120,7 +129,7 @@ def test_two_files_upload_as_two_ranks(server):
         assert metrics.get("Ranks") == "2", (labels, values)
         assert metrics["Kernels"] == "12,576"  # 2,700 + 9,876 `kernel` events in the two raw files (README table)
         assert page.get_by_test_id("stException").count() == 0
-        shoot(page, ROOT / "tests" / "app" / "screenshots" / "load_two_ranks.png")
+        shoot(page, ROOT / "tests" / "app" / "screenshots" / f"load_two_ranks{'_tgz' if packed else ''}.png")
         browser.close()
 
 
