@@ -176,13 +176,6 @@ def make_request(spec: str, *, size: str, batch: Optional[int], settings: str, d
                           parse_settings(settings), ceilings, int(nproc))
 
 
-def unique_out_dir(spec: str, root: Path) -> Path:
-    """`report.default_out_dir` under `root` (-2, -3, ... when a run in the same second took it)."""
-    from profiler.capture.report import default_out_dir
-
-    return default_out_dir(spec, root)
-
-
 @dataclass(frozen=True)
 class ProfileOutcome:
     """One finished run: the Trace, the CLI's summary dict, the roofline table (or None) and folder."""
@@ -238,10 +231,10 @@ def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
 
 def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]]) -> ProfileOutcome:
     from profiler.capture.ddp import capture_ranks
-    from profiler.capture.report import with_ceilings, write_outputs
+    from profiler.capture.report import default_out_dir, with_ceilings, write_outputs
 
     say = progress or (lambda done, total, msg: None)
-    out_dir = unique_out_dir(req.spec, root)
+    out_dir = default_out_dir(req.spec, root)  # -2, -3, ... when a run in the same second took it
     out_dir.mkdir(parents=True)
     result = capture_ranks(req.spec, req.plan, out_dir, req.nproc, size=req.size, batch=req.batch,
                            overrides=dict(req.overrides), progress=say)

@@ -320,15 +320,6 @@ def test_roofline_frame_known_answers():
     assert pv.roofline_frame(None).empty
 
 
-def test_unique_out_dir(tmp_path):
-    first = pv.unique_out_dir("a/b.py:build", tmp_path)
-    assert first.parent == tmp_path and first.name.startswith("a_b.py_build-")
-    first.mkdir()
-    second = pv.unique_out_dir("a/b.py:build", tmp_path)
-    assert not second.exists()
-    assert second.name == first.name + "-2" or second.name > first.name  # same second, or a later one
-
-
 def test_summary_metrics_format():
     m = dict(pv.summary_metrics({"profiled_steps": 3, "step_time_us_median": 1500.0, "events_by_kind": {"cpu_op": 12},
                                  "events": 20, "flops_total": 2.5e9, "bytes_moved_total": 1234.0,
