@@ -293,8 +293,9 @@ TAR_ERRORS = (tarfile.TarError, EOFError, OSError, ValueError)
 
 
 def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
-    """A tar archive's trace members (.json, or .json.gz gunzipped under the budget), by name; the
-    archive's bytes were charged to the budget already. Other payloads pass through."""
+    """A tar archive's trace members (.json as views into the archive's bytes, .json.gz gunzipped
+    under the budget), by name; the archive's bytes were charged to the budget already, and stay
+    mapped until the last member's view is released. Other payloads pass through."""
     if not _is_tar(payload.buf):
         yield payload
         return
@@ -310,6 +311,11 @@ def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
                 if not members:
                     raise TraceError(f"{label}: the tar archive holds no .json or .json.gz trace")
                 data = [(f"{label}!{i.name}", reader.view[i.offset_data:i.offset_data + i.size]) for i in members]
+                # Decoded in name order; when that is also the archive's order, each member may hand
+                # back the archive's pages as it goes (a page it shares with the member before is
+                # that member's, decoded already); otherwise the archive stays whole until the end.
+                offsets = [i.offset_data for i in members]
+                shared_mm = payload.mm if offsets == sorted(offsets) else None
         except TraceError:
             raise
         except TAR_ERRORS as exc:
@@ -317,9 +323,9 @@ def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
         for mlabel, view in data:
             if bytes(view[:2]) == GZIP_MAGIC:
                 yield gunzip(_chunks_of(view), mlabel, budget)
-            else:
-                yield Payload(mlabel, bytes(view))
-            view.release()
+                view.release()
+            else:  # a view into the archive, not a copy
+                yield Payload(mlabel, view, shared_mm)
     finally:
         reader.close()
         payload.release()

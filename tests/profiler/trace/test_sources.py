@@ -133,6 +133,27 @@ def test_tar_of_ranks(tmp_path, mode, name):
     assert list(load_trace(path).meta["sources"]) == [f"{path}!run/rank0.json.gz", f"{path}!run/rank1.json"]
 
 
+@pytest.mark.parametrize("order", ["by_name", "reversed"])
+def test_small_tar_members_sharing_pages_load_whole(tmp_path, order):
+    """Members of a few KB share the archive's pages; decoding one hands pages back (when names and
+    offsets agree), which must never take a byte of a member not decoded yet. Twelve ranks, each
+    alone and all from a .tar.gz (whose decompressed pages are zero-filled once handed back)."""
+    docs = {f"r{i:02d}.json": json.dumps({"distributedInfo": {"rank": i}, "traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": f"k{i}_{j}", "pid": 0, "tid": 7, "ts": 1000 + 10 * j, "dur": 3 + i,
+         "args": {"device": 0, "stream": 7, "correlation": 100 * i + j}} for j in range(20 + 7 * i)]}).encode()
+        for i in range(12)}
+    names = sorted(docs) if order == "by_name" else sorted(docs, reverse=True)
+    _tar(tmp_path / "ranks.tar.gz", {n: docs[n] for n in names}, "w:gz")
+    tr = load_trace(tmp_path / "ranks.tar.gz")
+    assert tr.ranks == tuple(range(12))
+    k = tr.events[tr.events["kind"] == "kernel"]
+    for i, name in enumerate(sorted(docs)):
+        alone = load_trace(docs[name]).events
+        mine = k[k["rank"] == i]
+        assert mine["name"].astype(str).tolist() == alone[alone["kind"] == "kernel"]["name"].astype(str).tolist()
+        assert mine["dur_us"].tolist() == [3.0 + i] * (20 + 7 * i)
+
+
 def test_bad_tars_are_one_line(tmp_path):
     one = gzip.decompress(RANK1.read_bytes())
     cases = {"outside.tar": ({"../evil.json": one}, "absolute or '..' path"),
