@@ -8,6 +8,7 @@ Model code is imported only from the spec the person at the server typed (DESIGN
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,9 @@ def usable(options: Mapping[str, Optional[str]], first: str = "kineto") -> list[
 
 
 def parse_settings(text: str) -> dict[str, Any]:
-    """'layers=2, dim=64' -> {'layers': 2, 'dim': 64} (int, float, bool or str values)."""
-    items = (part.strip() for part in text.replace("\n", ",").split(","))
+    """'layers=2, dim=64' (or 'layers=2 dim=64', or one a line) -> {'layers': 2, 'dim': 64} (int,
+    float, bool or str values): items split at commas and white space, spaces around '=' allowed."""
+    items = re.split(r"[,\s]+", re.sub(r"\s*=\s*", "=", text.strip()))
     try:
         return dict(setting_item(item) for item in items if item)
     except ValueError as exc:

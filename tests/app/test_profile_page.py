@@ -248,6 +248,8 @@ def test_parse_settings():
     assert pv.parse_settings("layers=2, dim=64\nname=x, lr=0.5, tie=false") == \
         {"layers": 2, "dim": 64, "name": "x", "lr": 0.5, "tie": False}
     assert pv.parse_settings(" ") == {}
+    # space-separated, as people type them (it read {'layers': '2 dim=64'}), and spaces around '='
+    assert pv.parse_settings("layers=2 dim=64") == pv.parse_settings("layers = 2,dim= 64") == {"layers": 2, "dim": 64}
     for bad in ("layers", "=3", "2x=1", "a="):
         with pytest.raises(pv.ProfileInputError, match="KEY=VALUE"):
             pv.parse_settings(bad)
