@@ -13,6 +13,7 @@ from profiler.capture.artifacts import save_trace
 from profiler.trace import load_trace
 from tests.profiler.capture.damage import open_damaged
 from tests.profiler.trace.conftest import trace_named
+from tests.profiler.trace.fuzz_ingest import flip_parquet_bytes
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +63,6 @@ def test_a_damaged_saved_trace_is_one_line_or_readable(saved, tmp_path, damage):
     open_damaged(folder)
 
 
-def flip_bytes(folder, seed: int) -> None:
-    """1-6 random bytes of one of the folder's Parquet files overwritten (half of them in the
-    footer, where Parquet keeps its schema and pandas' metadata)."""
-    import random
-
-    rng = random.Random(seed)
-    path = folder / rng.choice(["counters.parquet", "events.parquet", "memory.parquet"])
-    data = bytearray(path.read_bytes())
-    for _ in range(rng.randint(1, 6)):
-        i = rng.randrange(len(data)) if rng.random() < 0.5 else rng.randrange(max(0, len(data) - 3000), len(data))
-        data[i] = rng.randrange(256)
-    path.write_bytes(bytes(data))
-
-
 # Seeds whose flips escaped load_saved_trace as pyarrow's ArrowNotImplementedError (225, 257),
 # ArrowIndexError (238, 1048), pandas' KeyError 'pandas_type' (740, 1087) and TypeError
 # (873, 2149) before it caught them (a byte-flip fuzz of 6,000 seeds, pyarrow as pinned,
@@ -88,7 +75,7 @@ def test_flipped_parquet_bytes_are_one_line_or_readable(saved, tmp_path):
     for seed in FLIP_SEEDS:
         folder = tmp_path / f"trace{seed}"
         shutil.copytree(saved, folder)
-        flip_bytes(folder, seed)
+        flip_parquet_bytes(folder, seed)
         msg, _ = open_damaged(folder)
         outcomes.append("loaded" if msg is None else "refused")
     assert outcomes.count("refused") >= 8  # the eight listed seeds at least

@@ -7,7 +7,7 @@ the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic li
 duplicated or dropped events, odd metadata, garbage kernel names, a second rank (a shifted copy or
 another job's trace), truncated or flipped bytes, the ranks as members of a zip (any method) or
 a tar (any format, maybe gzipped), headers sometimes damaged; sometimes a real trace to diff
-against), and
+against; sometimes the loaded Trace saved as Parquet with bytes overwritten, and reopened), and
 checks the contract a user of the Load page relies on:
 
 1. `load_trace` returns a Trace or raises TraceError with one line (< 400 characters); nothing else.
@@ -259,6 +259,7 @@ class Case:
     mutations: list
     payloads: list  # bytes, one per rank
     compare: Optional[tuple[str, bytes]] = None  # (name, JSON) of a trace to diff against
+    saved_flip: Optional[int] = None  # save the loaded Trace (Parquet), overwrite bytes by this seed, reopen
 
     def describe(self) -> str:
         diff = f", diffed against {self.compare[0]}" if self.compare else ""
@@ -305,7 +306,10 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
         kind = rng.choice(sorted(ARCHIVES))
         payloads = [ARCHIVES[kind](rng, payloads)]
         names.append(kind)
-    return Case(seed, name, names, payloads, compare)
+    saved_flip = rng.randrange(2**31) if rng.random() < 0.1 else None  # drawn last of all
+    if saved_flip is not None:
+        names.append("saved_parquet_damaged")
+    return Case(seed, name, names, payloads, compare, saved_flip)
 
 
 ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
@@ -385,7 +389,49 @@ def check(case: Case) -> tuple[str, Optional[str]]:
             pass  # the damaged comparison trace was refused (its own contract): no diff this case
         except Exception as exc:  # noqa: BLE001
             return "raised", f"load_trace raised {type(exc).__name__} on the comparison trace: {_where(exc)}"
-    return "loaded", check_loaded(trace, compare)
+    problem = check_loaded(trace, compare)
+    if problem is None and case.saved_flip is not None:
+        problem = check_saved_damage(trace, case.saved_flip)
+    return "loaded", problem
+
+
+def flip_parquet_bytes(folder: Path, seed: int) -> None:
+    """1-6 random bytes of one of a saved Trace folder's Parquet files overwritten (half of them in
+    the footer, where Parquet keeps its schema and pandas' metadata)."""
+    rng = random.Random(seed)
+    path = folder / rng.choice(["counters.parquet", "events.parquet", "memory.parquet"])
+    data = bytearray(path.read_bytes())
+    for _ in range(rng.randint(1, 6)):
+        i = rng.randrange(len(data)) if rng.random() < 0.5 else rng.randrange(max(0, len(data) - 3000), len(data))
+        data[i] = rng.randrange(256)
+    path.write_bytes(bytes(data))
+
+
+def check_saved_damage(trace, seed: int) -> Optional[str]:
+    """The saved-folder contract (what the Load page's earlier captures and `analyze DIR` open):
+    the Trace saved as Parquet, damaged by `flip_parquet_bytes(seed)`, reopens as one short
+    FusionLensError line or as a Trace that passes check_loaded."""
+    import tempfile
+
+    from profiler.capture.artifacts import load_traces_or_saved, save_trace
+    from profiler.errors import FusionLensError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "trace"
+        try:
+            save_trace(trace, folder)
+        except Exception as exc:  # noqa: BLE001
+            return f"save_trace raised {type(exc).__name__}: {_where(exc)}"
+        flip_parquet_bytes(folder, seed)
+        try:
+            reopened = load_traces_or_saved([str(folder)])
+        except FusionLensError as exc:
+            msg = str(exc)
+            return None if "\n" not in msg and 0 < len(msg) < MAX_MESSAGE else f"saved folder: not one short line: {msg[:200]!r}"
+        except Exception as exc:  # noqa: BLE001
+            return f"the damaged saved folder raised {type(exc).__name__}: {_where(exc)}"
+        problem = check_loaded(reopened)
+        return None if problem is None else f"the damaged saved folder: {problem}"
 
 
 def check_loaded(trace, compare=None) -> Optional[str]:

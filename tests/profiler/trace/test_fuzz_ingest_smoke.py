@@ -72,3 +72,19 @@ def test_the_check_fails_an_analysis_that_raises(docs, monkeypatch):
         case.payloads = [fuzz_ingest.json.dumps(docs[case.source]).encode()]
         outcome, problem = fuzz_ingest.check(case)
     assert outcome == "loaded" and problem is not None and "kernel_breakdown" in problem and "planted" in problem
+
+
+def test_the_saved_folder_check_fails_a_reader_that_raises_something_else(monkeypatch):
+    import profiler.capture.artifacts as artifacts
+    from profiler.trace import load_trace
+    from tests.profiler.trace.conftest import trace_named
+
+    trace = load_trace(trace_named("tracelens_h100_bert_small"))
+    assert fuzz_ingest.check_saved_damage(trace, 225) is None  # a seed whose flips pyarrow rejects
+
+    def broken(paths, **kwargs):
+        raise KeyError("pandas_type")
+
+    monkeypatch.setattr(artifacts, "load_traces_or_saved", broken)
+    problem = fuzz_ingest.check_saved_damage(trace, 225)
+    assert problem is not None and problem.startswith("the damaged saved folder raised KeyError")
