@@ -282,7 +282,7 @@ def stragglers_rule(trace, results, limits) -> list[Finding]:
         saving = max(ex, 0.0) * max(int(r["n_steps"]), 1)
         msg = (f"Rank {int(r['rank'])} is a straggler ({r['reason']}): {metric.removesuffix('_us').replace('_', ' ')} "
                f"{float(r[metric]):,.0f} µs vs a median {float(others[metric].median()):,.0f} µs on the other ranks; "
-               f"balance the work or check that host")
+               f"balance the work, or look at that rank's machine (clocks, throttling, data loading)")
         out.append(_finding("stragglers", saving, step_us, msg, rank=int(r["rank"]), metric=metric, excess_us=ex))
     return out
 
