@@ -248,8 +248,22 @@ def _prepend(head: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 TAR_MAGIC_AT = 257  # POSIX ustar and GNU tar headers say "ustar" at this offset of each 512-byte block
 
 
-def _is_tar(buf: Any) -> bool:
-    return len(buf) >= 512 and bytes(buf[TAR_MAGIC_AT:TAR_MAGIC_AT + 5]) == b"ustar"
+def _is_tar(buf: Any, label: str) -> bool:
+    """A tar header first: "ustar" at 257 and the header's own checksum right (the sum of its 512
+    bytes with the checksum field read as spaces), so a JSON file can never be taken for one. The
+    magic with a wrong checksum and no JSON start is a tar whose first header is damaged."""
+    if len(buf) < 512 or bytes(buf[TAR_MAGIC_AT:TAR_MAGIC_AT + 5]) != b"ustar":
+        return False
+    header = bytes(buf[:512])
+    try:
+        stored = int(header[148:156].replace(b"\x00", b" ").strip() or b"-1", 8)
+    except ValueError:
+        stored = -1
+    if stored == sum(header[:148]) + 8 * 32 + sum(header[156:]):
+        return True
+    if header.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] not in (b"{", b"["):
+        raise TraceError(f"{label}: not a readable tar archive (its first header fails its checksum)")
+    return False
 
 
 class _ViewReader(io.RawIOBase):
@@ -296,7 +310,7 @@ def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
     """A tar archive's trace members (.json as views into the archive's bytes, .json.gz gunzipped
     under the budget), by name; the archive's bytes were charged to the budget already, and stay
     mapped until the last member's view is released. Other payloads pass through."""
-    if not _is_tar(payload.buf):
+    if not _is_tar(payload.buf, payload.label):
         yield payload
         return
     label = payload.label

@@ -154,6 +154,18 @@ def test_small_tar_members_sharing_pages_load_whole(tmp_path, order):
         assert mine["dur_us"].tolist() == [3.0 + i] * (20 + 7 * i)
 
 
+def test_a_json_with_ustar_at_the_tar_magic_offset_is_still_json():
+    """Tars are sniffed by "ustar" at byte 257 and the header checksum; a kernel name that puts
+    "ustar" there must not make a JSON trace look like a broken tar."""
+    head = '{"traceEvents": [{"ph": "X", "name": "'
+    name = "x" * (257 - len(head)) + "ustar_kernel"
+    doc = head + name + '", "cat": "kernel", "pid": 0, "tid": 7, "ts": 1, "dur": 2, "args": {"device": 0}}]}'
+    data = doc.encode() + b" " * 600
+    assert data[257:262] == b"ustar"
+    tr = load_trace(data)
+    assert tr.events["name"].astype(str).tolist() == [name]
+
+
 def test_bad_tars_are_one_line(tmp_path):
     one = gzip.decompress(RANK1.read_bytes())
     cases = {"outside.tar": ({"../evil.json": one}, "absolute or '..' path"),
