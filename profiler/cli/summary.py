@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if s["skipped_events"]:
         why = "; ".join(f"{k} x{v}" for k, v in s["skipped_reasons"].items())
         print(f"skipped events: {s['skipped_events']:,} ({why})")
+    for line in s["passed_over_files"]:  # JSON found beside the traces that is not one
+        print(f"passed over: {line}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(s, indent=2, default=str) + "\n")

@@ -25,7 +25,7 @@ import numpy as np
 from profiler.trace import _columns as C
 from profiler.trace._structs import (DOC_DECODER, EVENT_DECODER, EVENTS_DECODER, RAW_LIST_DECODER,
                                      SETTING_KEYS, VERSION_KEYS)
-from profiler.trace.model import TraceError
+from profiler.trace.model import NotATraceError, TraceError
 from profiler.trace.sources import Payload
 
 CHUNK_BYTES = 4 << 20  # small enough that a chunk's Structs stay in cache across column passes
@@ -72,15 +72,15 @@ def _top_level(payload: Payload) -> tuple[Any, Any]:
             lead = len(head) - len(head.lstrip(_WS))
             return None, memoryview(buf)[lead:]  # Chrome's JSON Array Format: the top level is the events
         kind = str(exc).split("got `")[-1].split("`")[0] if "got `" in str(exc) else "something else"
-        raise TraceError(f"{label}: JSON that is not a trace: the top level is {kind!s}, not an object "
+        raise NotATraceError(f"{label}: JSON that is not a trace: the top level is {kind!s}, not an object "
                          "with traceEvents") from None
     except msgspec.DecodeError as exc:
         raise _json_error(label, buf, exc) from None
     view = memoryview(doc.traceEvents)
     if view.nbytes == 0:
-        raise TraceError(f"{label}: JSON that is not a trace: no traceEvents list")
+        raise NotATraceError(f"{label}: JSON that is not a trace: no traceEvents list")
     if bytes(view[:1]) != b"[":
-        raise TraceError(f"{label}: JSON that is not a trace: traceEvents is not a list")
+        raise NotATraceError(f"{label}: JSON that is not a trace: traceEvents is not a list")
     return doc, view
 
 

@@ -19,7 +19,7 @@ from profiler.trace._structs import MISSING
 from profiler.trace.decode import FileData, decode_payload
 from profiler.trace.demangle import demangle_kernel_names
 from profiler.trace.frame import FileFrame, counters_frame, events_frame, memory_frame
-from profiler.trace.model import Trace, TraceError
+from profiler.trace.model import NotATraceError, Trace, TraceError
 from profiler.trace.schema import SCHEMA_VERSION
 from profiler.trace.sources import iter_payloads
 
@@ -159,19 +159,29 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
             max(10, 10%) of a file's events are unreadable, or none is usable).
     """
     frames: list[FileFrame] = []
+    passed_over: list[str] = []  # JSON found beside the traces that is not one (a config.json)
     with _no_gc():
         for payload in iter_payloads(source_or_sources, max_decompressed_bytes):
             try:
                 fd = decode_payload(payload, workers, parallel_min_bytes)
+            except NotATraceError as exc:
+                if not payload.found:  # a file the caller named: it had to be a trace
+                    raise
+                passed_over.append(str(exc))
+                continue
             finally:
                 payload.release()
             frames.append(_file_frame(fd))
             del fd
+        if not frames:  # every file found was JSON of another kind
+            more = f" (and {len(passed_over) - 1} more such file(s))" if len(passed_over) > 1 else ""
+            raise TraceError(f"{passed_over[0]}{more}; no trace found" if passed_over else "no trace found")
         ranks = _assign_ranks(frames, rank)
         t0 = min(f.min_ts() for f in frames)
         t0 = 0.0 if not np.isfinite(t0) else t0
         rank_ids = [r for r, _ in ranks]
         meta = _meta(frames, ranks, t0)
+        meta["passed_over_files"] = passed_over
         memory = memory_frame(frames, rank_ids, t0)
         counters = counters_frame(frames, rank_ids, t0)
         events = events_frame(frames, rank_ids, t0)

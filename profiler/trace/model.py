@@ -20,6 +20,11 @@ class TraceError(FusionLensError):
     """Bad input: the message is one human line naming the source and what is wrong."""
 
 
+class NotATraceError(TraceError):
+    """Valid JSON that is not a trace (no traceEvents list): a file found in a directory or an
+    archive beside the traces (a config.json, metrics) is passed over instead of failing the load."""
+
+
 def empty_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
     """An empty DataFrame with the given {name: dtype} (or {name: (dtype, doc)}) columns."""
     dtypes = {k: (v[0] if isinstance(v, tuple) else v) for k, v in columns.items()}

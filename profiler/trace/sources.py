@@ -61,6 +61,7 @@ class Payload:
     mm: mmap.mmap | None = None
     file_backed: bool = False
     path: str | None = None  # the file itself when file_backed (parallel decoders map it again)
+    found: bool = False  # found inside a directory or an archive, not named by the caller
 
     def release(self) -> None:
         """Drop the bytes (and unmap) once decoded."""
@@ -236,6 +237,7 @@ def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
                 raise
             except ZIP_ERRORS as exc:
                 raise TraceError(f"{mlabel}: {_member_problem(exc)}") from None
+            payload.found = True
             yield payload
 
 
@@ -336,10 +338,12 @@ def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
             raise TraceError(f"{label}: not a readable tar archive ({_one_line(exc)})") from None
         for mlabel, view in data:
             if bytes(view[:2]) == GZIP_MAGIC:
-                yield gunzip(_chunks_of(view), mlabel, budget)
+                member = gunzip(_chunks_of(view), mlabel, budget)
                 view.release()
             else:  # a view into the archive, not a copy
-                yield Payload(mlabel, view, shared_mm)
+                member = Payload(mlabel, view, shared_mm)
+            member.found = True
+            yield member
     finally:
         reader.close()
         payload.release()
@@ -352,7 +356,9 @@ def _from_path(path: Path, budget: Budget) -> Iterator[Payload]:
         if not files:
             raise TraceError(f"{label}: the directory holds no .json or .json.gz trace")
         for p in files:
-            yield from _from_path(p, budget)
+            for payload in _from_path(p, budget):
+                payload.found = True
+                yield payload
         return
     try:
         fh = open(path, "rb")

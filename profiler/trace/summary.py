@@ -33,5 +33,6 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "counter_samples": int(len(trace.counters)),
         "devices": devices[:1] + ([f"x{len(devices)}"] if len(devices) > 1 else []),
         "sources": list(meta.get("sources", ())),
+        "passed_over_files": [str(m) for m in meta.get("passed_over_files", ())],
         "versions": {str(k): v for k, v in meta.get("versions", {}).items()},
     }

@@ -69,6 +69,18 @@ def test_a_local_path_under_home_takes_the_tilde(tmp_path, monkeypatch):
     assert at.subheader[0].value == "~/mine.json.gz"
 
 
+def test_a_run_folder_with_a_config_json_loads_its_traces_and_says_what_it_passed_over(tmp_path):
+    import shutil
+
+    shutil.copy(TRACES / "tracelens_h100_bert_small.json.gz", tmp_path / "rank0.json.gz")
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    at = _app().run()
+    at.text_input(key="local_path").input(str(tmp_path)).run()
+    assert not at.exception and not at.error
+    assert any("Passed over 1 file(s) that are not traces" in c.value and "config.json" in c.value
+               for c in at.caption)
+
+
 def test_an_earlier_capture_reopens_with_its_flops_modules_and_roofs(tmp_path, monkeypatch):
     """A Profile-page run saved under <data dir>/captures is offered on the Load page (newest first)
     and reopens from its Parquet Trace: FLOPs, modules and the roofs it was measured against, which

@@ -189,6 +189,42 @@ def test_bad_tars_are_one_line(tmp_path):
         load_trace(bomb, max_decompressed_bytes=1 << 20)
 
 
+def test_json_beside_the_traces_that_is_not_one_is_passed_over(tmp_path):
+    """A run folder often holds a config.json or metrics next to its traces: in a directory, zip or
+    tar, valid JSON without traceEvents is passed over (and listed in meta) instead of failing the
+    whole load; a file named by the caller still has to be a trace, and a folder of only such JSON
+    is one error."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(RANK0, run / "rank0.json.gz")
+    (run / "rank1.json").write_bytes(gzip.decompress(RANK1.read_bytes()))
+    (run / "config.json").write_text(json.dumps({"lr": 0.1, "layers": 2}))
+    (run / "metrics.json").write_text(json.dumps({"loss": [2.5, 2.1], "traceEvents": None}))
+    zipped = tmp_path / "run.zip"
+    with zipfile.ZipFile(zipped, "w") as zf:
+        for f in sorted(run.iterdir()):
+            zf.write(f, f"run/{f.name}")
+    _tar(tmp_path / "run.tgz", {f"run/{f.name}": f.read_bytes() for f in sorted(run.iterdir())}, "w:gz")
+    for source in (run, zipped, tmp_path / "run.tgz", zipped.read_bytes()):
+        tr = load_trace(source)
+        assert tr.ranks == (0, 1)
+        assert _kernels_by_rank(tr)["count"].tolist() == [raw_truth(RANK0)["kernel_count"],
+                                                          raw_truth(RANK1)["kernel_count"]]
+        over = tr.meta["passed_over_files"]
+        assert len(over) == 2 and "config.json: JSON that is not a trace" in over[0], over
+        assert "metrics.json: JSON that is not a trace" in over[1], over
+    assert not loaded(RANK0).meta["passed_over_files"]
+    with pytest.raises(TraceError, match="config.json: JSON that is not a trace"):
+        load_trace([RANK0, run / "config.json"])  # named by the caller
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "a.json").write_text("{}")
+    (only / "b.json").write_text("{}")
+    with pytest.raises(TraceError, match=r"a.json: JSON that is not a trace: no traceEvents list \(and 1 more such "
+                                         r"file\(s\)\); no trace found"):
+        load_trace(only)
+
+
 def test_bytes_file_like_and_plain_json_agree():
     ref = loaded(NO_RANK_A)
     raw_gz = NO_RANK_A.read_bytes()
