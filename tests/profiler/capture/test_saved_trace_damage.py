@@ -13,7 +13,7 @@ from profiler.capture.artifacts import save_trace
 from profiler.trace import load_trace
 from tests.profiler.capture.damage import open_damaged
 from tests.profiler.trace.conftest import trace_named
-from tests.profiler.trace.fuzz_ingest import flip_parquet_bytes
+from tests.profiler.trace.fuzz_damage import flip_parquet_bytes
 
 
 @pytest.fixture(scope="module")
