@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from profiler.errors import first_line
 from profiler.trace.model import Trace, TraceError
 from profiler.trace.schema import COLUMNS, COUNTER_COLUMNS, LATER_COLUMNS, MEMORY_COLUMNS
 
@@ -155,7 +156,7 @@ def load_saved_trace(folder: str | Path) -> Trace:
         # Damaged Parquet fails in many ways besides OSError / ValueError (ArrowInvalid): pyarrow's
         # ArrowNotImplementedError and ArrowIndexError, pandas' metadata KeyError and TypeError
         # (byte flips, found by fuzzing saved folders). All mean "unreadable", in one line.
-        first = (str(exc).splitlines() or [""])[0][:200]
+        first = first_line(exc)
         raise TraceError(f"saved trace {folder}: unreadable ({type(exc).__name__}: {first})") from None
     problem = _saved_meta_problem(meta)
     if problem:
@@ -170,7 +171,7 @@ def load_saved_trace(folder: str | Path) -> Trace:
         try:
             tables[name] = tables[name][list(dtypes)].astype(dtypes)
         except (TypeError, ValueError) as exc:
-            first = (str(exc).splitlines() or [""])[0][:200]
+            first = first_line(exc)
             raise TraceError(f"saved trace {folder}: {name}.parquet does not convert to its schema: {first}") from None
     return Trace(tables["events"], meta, tables["memory"], tables["counters"])
 

@@ -37,7 +37,7 @@ import torch
 
 from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
 from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn
-from profiler.errors import FusionLensError
+from profiler.errors import FusionLensError, first_line
 
 INIT_TIMEOUT_S = 120
 
@@ -170,7 +170,7 @@ def read_op_costs(path: Path) -> pd.DataFrame:
     except CaptureError:
         raise
     except Exception as exc:  # noqa: BLE001 - every way a damaged file fails reads as one line
-        first = (str(exc).splitlines() or [""])[0][:200]
+        first = first_line(exc)
         raise CaptureError(f"{path}: unreadable op costs ({type(exc).__name__}: {first})") from None
 
 

@@ -18,8 +18,9 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from profiler.errors import first_line
 from profiler.trace.model import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -181,7 +182,7 @@ ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, OSError,
 
 
 def _one_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    return first_line(exc) or type(exc).__name__
 
 
 def _member_problem(exc: BaseException) -> str:
@@ -200,6 +201,18 @@ def _is_trace_member(name: str) -> bool:
     return name.lower().endswith(TRACE_SUFFIXES) and not name.startswith("__MACOSX/") and not base.startswith("._")
 
 
+def _trace_members(infos: list, name_of: Callable[[Any], str], is_file: Callable[[Any], bool], label: str,
+                   kind: str) -> list:
+    """An archive's trace members sorted by name, after refusing the whole archive when any member
+    has an absolute or `..` path; TraceError when none holds a trace."""
+    for info in infos:
+        _check_member_name(name_of(info), label)
+    members = sorted((i for i in infos if is_file(i) and _is_trace_member(name_of(i))), key=name_of)
+    if not members:
+        raise TraceError(f"{label}: the {kind} archive holds no .json or .json.gz trace")
+    return members
+
+
 def _check_member_name(name: str, label: str) -> None:
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
@@ -212,13 +225,7 @@ def _from_zip(fh: Any, label: str, budget: Budget) -> Iterator[Payload]:
     except ZIP_ERRORS as exc:  # a damaged directory: BadZipFile, or a negative seek (ValueError)
         raise TraceError(f"{label}: not a readable zip archive ({_one_line(exc)})") from None
     with zf:
-        infos = zf.infolist()
-        for info in infos:
-            _check_member_name(info.filename, label)
-        members = sorted((i for i in infos if not i.is_dir() and _is_trace_member(i.filename)),
-                         key=lambda i: i.filename)
-        if not members:
-            raise TraceError(f"{label}: the zip archive holds no .json or .json.gz trace")
+        members = _trace_members(zf.infolist(), lambda i: i.filename, lambda i: not i.is_dir(), label, "zip")
         for info in members:
             mlabel = f"{label}!{info.filename}"
             try:
@@ -320,12 +327,7 @@ def _untar(payload: Payload, budget: Budget) -> Iterator[Payload]:
     try:
         try:
             with tarfile.open(fileobj=reader, mode="r:") as tf:
-                infos = tf.getmembers()
-                for info in infos:
-                    _check_member_name(info.name, label)
-                members = sorted((i for i in infos if i.isfile() and _is_trace_member(i.name)), key=lambda i: i.name)
-                if not members:
-                    raise TraceError(f"{label}: the tar archive holds no .json or .json.gz trace")
+                members = _trace_members(tf.getmembers(), lambda i: i.name, lambda i: i.isfile(), label, "tar")
                 data = [(f"{label}!{i.name}", reader.view[i.offset_data:i.offset_data + i.size]) for i in members]
                 # Decoded in name order; when that is also the archive's order, each member may hand
                 # back the archive's pages as it goes (a page it shares with the member before is
