@@ -34,13 +34,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_max_decompressed(p)
 
 
-def _load(paths: list[str], max_bytes: int):
-    """Trace files through ingestion, or one saved Trace folder (a capture's) as it is."""
-    from profiler.capture.artifacts import load_traces_or_saved
-
-    return load_traces_or_saved(paths, max_decompressed_bytes=max_bytes)
-
-
 def _short(name: Any, width: int = NAME_WIDTH) -> str:
     s = " ".join(str(name).split())
     return s if len(s) <= width else s[: width - 1] + "…"
@@ -196,11 +189,13 @@ def write_json(report: dict[str, Any], out: Path) -> None:
                   _add_arguments)
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.report_json import build_report
+    from profiler.capture.artifacts import load_traces_or_saved  # trace files, or a capture's saved Trace
 
     if args.json:
         check_json_target(args.json)
-    trace = _load(args.traces, max_decompressed_bytes(args))
-    other = _load(args.compare, max_decompressed_bytes(args)) if args.compare else None
+    limit = max_decompressed_bytes(args)
+    trace = load_traces_or_saved(args.traces, max_decompressed_bytes=limit)
+    other = load_traces_or_saved(args.compare, max_decompressed_bytes=limit) if args.compare else None
     report = build_report(trace, compare=other, max_rows=args.max_rows)
     print("\n".join(summary_lines(report, args.top)))
     if args.json:
