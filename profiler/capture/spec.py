@@ -100,6 +100,16 @@ def describe_failure(spec: str, what: str, exc: BaseException) -> SpecError:
     return SpecError(f"spec {spec!r}: {what} raised {_one_line(exc)}")
 
 
+def _one_batch(spec: str, batch: Any, setting: Any) -> Any:
+    """The batch size asked for by `--batch` (the Profile page's Batch) or by a `batch=` setting:
+    either one, or both when they agree; SpecError when they differ (neither silently wins)."""
+    if batch is None:
+        return setting
+    if setting is not None and setting != batch:
+        raise SpecError(f"spec {spec!r}: batch given twice, {batch!r} and batch={setting!r} in the settings; give one")
+    return batch
+
+
 def _import_file(spec: str, path: Path) -> Any:
     if not path.is_file():
         raise SpecError(f"spec {spec!r}: file not found: {path}")
@@ -208,6 +218,7 @@ def load_spec(spec: str, *, size: str = "small", batch: int | None = None,
         raise SpecError("empty model spec (give a zoo name, hf:NAME, file.py:build or package.module:build)")
     kind, target, attr = split_spec(spec)
     overrides = dict(overrides or {})
+    batch = _one_batch(spec, batch, overrides.pop("batch", None))
     built_in = None  # the dtype the build made the model in itself, if it did
     if kind == "zoo":
         from profiler.capture.zoo import ZooError, build_zoo, zoo_models

@@ -121,6 +121,25 @@ def test_batch_and_settings_build_cannot_take_are_refused(tmp_path):
     assert load_spec(f"{path}:build").inputs[0].shape == (3, 2)  # nothing asked, nothing refused
 
 
+def test_batch_as_a_setting_is_the_batch(tmp_path):
+    """`--set batch=3` (or batch=3 in the Profile page's settings) is the batch, as `--batch 3` is, for
+    every kind of spec; both given and different is one line. (A zoo spec raised build_zoo()'s
+    TypeError "got multiple values for keyword argument 'batch'".)"""
+    path = write(tmp_path, """
+        import torch
+        def sized(batch=2): return torch.nn.Linear(4, 2), (torch.randn(batch, 4),)
+    """)
+    for spec, batch_of in [("mlp", lambda lm: lm.inputs[0].shape[0]),
+                           (f"{path}:sized", lambda lm: lm.inputs[0].shape[0])]:
+        assert batch_of(load_spec(spec, size="tiny", overrides={"batch": 3})) == 3
+        assert batch_of(load_spec(spec, size="tiny", batch=3, overrides={"batch": 3})) == 3
+        one_line_error(spec, "batch given twice, 2 and batch=3 in the settings; give one", size="tiny", batch=2,
+                       overrides={"batch": 3})
+    if hf.transformers_unavailable_reason() is None:
+        one_line_error("hf:gpt2", "batch given twice", size="tiny", batch=2, overrides={"batch": 3})
+        assert load_spec("hf:gpt2", size="tiny", overrides={"batch": 3}).inputs["input_ids"].shape[0] == 3
+
+
 def test_nested_inputs_are_inputs(tmp_path):
     """A positional list of tensors (or a dict of them) is a model input, as HF's past_key_values are."""
     path = write(tmp_path, """
