@@ -9,7 +9,7 @@ from profiler.capture.backends import CapturePlan
 from profiler.capture.flops import record_costs
 from profiler.capture.runner import capture, loss_of
 from profiler.capture.spec import load_spec
-from profiler.capture.zoo import build_zoo, zoo_models
+from profiler.capture.zoo import build_zoo, zoo_config, zoo_models
 from profiler.capture.zoo.layers import NaiveAttention, NaiveGELU, NaiveLayerNorm, NaiveRMSNorm, RotaryEmbedding, SwiGLU
 
 MODELS = sorted(zoo_models())
@@ -78,6 +78,46 @@ def test_flops_agree_with_torch_flop_counter(name, mode):
     ours = record_costs(step, 1).groupby("name")["flops"].sum()
     assert theirs and sum(theirs.values()) > 0
     assert {op: ours.get(op) for op in theirs} == theirs
+
+
+# Odd sizes on purpose (C = 32 splits into 2 heads; SwiGLU's hidden 8C/3 = 85 is odd).
+ANALYTIC_SIZES = dict(layers=2, dim=32, heads=2, seq_len=12, vocab=80, batch=3)
+ATTENTION_OPS = {"aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+
+
+def analytic_matmul_flops(name: str, mode: str) -> tuple[float, float]:
+    """(projection + LM-head FLOPs, attention FLOPs) of one step, from the config alone.
+
+    Every weight matrix costs 2 x tokens x its size forward, and twice that backward (the input's
+    and the weight's gradient). Attention's two batched products (Q K^T, then P V) cost
+    2 x B x T^2 x C each per layer over the full T x T (the causal mask is applied to the scores,
+    not skipped); backward, the naive attention's autograd runs two products for each, while the
+    fused CPU kernel's backward also recomputes the scores (5 products: torch's own count)."""
+    cfg = zoo_config(name, "tiny", **ANALYTIC_SIZES)
+    tokens, c = cfg.batch * cfg.seq_len, cfg.dim
+    per_layer = 4 * c * c + (3 * c * (8 * c // 3) if name == "llama" else 8 * c * c)  # attention + MLP weights
+    weights = cfg.layers * per_layer + c * cfg.vocab  # + the tied LM head
+    linear = 2 * tokens * weights
+    attention = cfg.layers * 2 * (2 * cfg.batch * cfg.seq_len ** 2 * c)
+    if mode == "infer":
+        return linear, attention
+    return 3 * linear, attention * (1 + (2.5 if name == "gpt2" else 2))
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("name", ["gpt2-naive", "gpt2", "llama", "bert"])
+def test_captured_matmul_flops_equal_the_analytic_count(name, mode, tmp_path):
+    """Independent of any per-op formula: the matmul FLOPs the capture joined onto the Trace's
+    ops add up to the count worked out from the model's sizes (6 x params x tokens in training)."""
+    res = capture(name, CapturePlan(mode=mode, wait=0, warmup=0, active=1), tmp_path, size="tiny",
+                  overrides=ANALYTIC_SIZES)
+    ev = res.trace.events
+    ops = ev[ev["kind"] == "cpu_op"]
+    flops = ops.groupby(ops["name"].astype(str), observed=True)["flops"].sum()
+    linear, attention = analytic_matmul_flops(name, mode)
+    assert flops.reindex(["aten::mm", "aten::addmm"]).fillna(0).sum() == linear
+    assert flops.reindex(sorted(ATTENTION_OPS)).fillna(0).sum() == attention
 
 
 def test_naive_modules_are_plain_named_modules():
