@@ -12,11 +12,13 @@ from pages import profile_view as pv
 from pages.state import require_router, set_trace
 from profiler.capture.backends import AUTOCAST_DTYPES, DTYPES, MODES, CapturePlan, available_backends
 from profiler.capture.ceilings import data_dir
+from profiler.capture.isolated import prestart
 from profiler.capture.sources import environment, plan_sources
 from profiler.errors import FusionLensError
 
 RESULT_KEY = "fusionlens_profile_result"
 require_router("pages/profile.py")
+prestart()  # captures run in a child process (out of memory is an error line, not a dead server); warm its server
 
 st.title("🧪 Profile a model")
 st.caption("Runs the model under torch.profiler (Kineto) with a separate untimed FLOPs/bytes pass, then "
@@ -55,8 +57,9 @@ else:
     settings = col_set.text_input("build() keywords (optional)", key="profile_spec_settings",
                                   placeholder="e.g. layers=4, width=256",
                                   help="KEY=VALUE keywords passed to build(), comma-separated (as the CLI's --set)")
-    st.caption("⚠️ This imports and runs that Python code inside this server. Only specs typed here are "
-               "imported, never uploaded files; relative paths start from the server's folder.")
+    st.caption("⚠️ This imports and runs that Python code on this machine, as this server's user (in a child "
+               "process of it). Only specs typed here are imported, never uploaded files; relative paths start "
+               "from the server's folder.")
 
 # ------------------------------------------------------------------ run settings
 env = environment()

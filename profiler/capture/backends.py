@@ -119,6 +119,11 @@ class CaptureResult:
         object.__setattr__(self, "sources_off", MappingProxyType(dict(self.sources_off)))
         object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
 
+    def __reduce__(self) -> tuple:
+        """Pickles (profiler.capture.isolated sends it from the capture's child process) with
+        plain dicts in place of the read-only mapping views, which cannot be pickled."""
+        return (type(self), (self.trace, self.raw_path, dict(self.sources_off), dict(self.timings)))
+
 
 class BackendFn(Protocol):
     def __call__(self, step_fn: Callable[[int], None], plan: CapturePlan, out_dir: Path,

@@ -290,15 +290,15 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
 def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int = 1, *, size: str = "small",
                   batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
                   progress: Optional[ProgressFn] = None) -> CaptureResult:
-    """One capture in this process (nproc 1) or a DDP capture over `nproc` ranks: what the CLI's
+    """One capture in a child process (nproc 1; isolated.py) or a DDP capture over `nproc` ranks: what the CLI's
     `--nproc` and the dashboard's Ranks field run."""
     if nproc < 1:
         raise CaptureError(f"ranks must be >= 1, got {nproc}")
-    if nproc == 1:
-        from profiler.capture.runner import capture
+    if nproc == 1:  # in a child process, so that running out of memory is an error line (isolated.py)
+        from profiler.capture.isolated import capture_isolated
 
         start = time.time()
-        result = capture(spec, plan, out_dir, size=size, batch=batch, overrides=dict(overrides or {}), progress=progress)
+        result = capture_isolated(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress)
         clear_outputs(out_dir, RUN_OUTPUTS, before=start)  # an earlier capture's other ranks or op costs
         return result
     return capture_ddp(spec, plan, out_dir, nproc, size=size, batch=batch, overrides=overrides, progress=progress)

@@ -102,6 +102,10 @@ def _progress(quiet: bool):
 @register_command("capture", "Profile a model spec (zoo, hf:NAME, file.py:build) and write trace, roofline, summary",
                   _add_arguments)
 def run(args: argparse.Namespace) -> int:
+    if args.nproc == 1:
+        from profiler.capture.isolated import prestart
+
+        prestart()  # the capture's process server imports torch now, beside this process's imports
     from profiler.capture.backends import CaptureError, CapturePlan
     from profiler.capture.report import default_out_dir, write_outputs
 

@@ -39,6 +39,15 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def _thaw(value: Any) -> Any:
+    """_freeze undone (mappings to dicts, tuples to lists), so that freezing it again gives the same."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Trace:
     """Events of one or more ranks plus metadata.
@@ -63,6 +72,11 @@ class Trace:
         meta = dict(self.meta)
         meta.setdefault("schema_version", SCHEMA_VERSION)
         object.__setattr__(self, "meta", _freeze(meta))
+
+    def __reduce__(self) -> tuple:
+        """Pickles (a capture run in a child process sends its Trace back) with meta as plain
+        dicts: its read-only mapping views cannot be pickled; unpickling freezes them again."""
+        return (type(self), (self.events, _thaw(self.meta), self.memory, self.counters))
 
     # Small conveniences used everywhere; analyses stay pure functions over `events`.
     def of_kind(self, *kinds: str) -> pd.DataFrame:

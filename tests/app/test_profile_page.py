@@ -171,6 +171,10 @@ BAD_SPECS = {
     "raises.py": ("def build():\n    raise ValueError('bad config 42')\n", "bad config 42"),
     "wrong.py": ("def build():\n    return 3\n", "must return (model, inputs)"),
     "oom.py": ("def build():\n    raise MemoryError('simulated')\n", "ran out of memory"),
+    # what the kernel's OOM killer does to a capture that outgrows the machine (the server lives on)
+    "killed.py": ("import os, signal\n\ndef build():\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+                  "ran out of memory: the capture process was killed (SIGKILL)"),
+    "segfault.py": ("import ctypes\n\ndef build():\n    ctypes.string_at(0)\n", "the capture process died of SIGSEGV"),
 }
 if not torch.cuda.is_available():  # a build that needs a GPU, here
     BAD_SPECS["cuda.py"] = ("import torch\n\ndef build():\n    return torch.nn.Linear(2, 2).to('cuda'), (torch.randn(1, 2),)\n",

@@ -118,6 +118,9 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
         nan = Path(tmp) / "nan.py"  # a NaN weight: the capture works and says its steps ran on NaN
         nan.write_text("import torch\n\ndef build():\n    m = torch.nn.Linear(64, 64)\n    with torch.no_grad():\n"
                        "        m.weight[0, 0] = float('nan')\n    return m, (torch.randn(32, 64),)\n")
+        hog = Path(tmp) / "hog.py"  # fills the machine's memory until the kernel's OOM killer ends the capture
+        hog.write_text("import torch\n\ndef build():\n    held = []\n    while True:\n"
+                       "        held.append(torch.ones(2**28))  # 1 GiB, touched\n")
         runs = [("zoo_infer", "gpt2-naive", "infer", None), ("zoo_train", "gpt2-naive", "train", None),
                 ("zoo_medium_train", "gpt2-naive:medium", "train", None),  # long enough to see the progress bar
                 ("zoo_amp_fp16_train", "gpt2-naive:tiny", "train", None),  # autocast fp16 + GradScaler, fp32 weights
@@ -128,6 +131,7 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
                 ("hf_git_train", "hf:git:tiny", "train", None),  # an image captioner: pixels beside the tokens
                 ("missing_spec", None, "infer", "no/such/file.py:build"),
                 ("raising_spec", None, "infer", f"{raising}:build"),
+                ("out_of_memory_spec", None, "infer", f"{hog}:build"),  # the server lives on: the next cases run
                 ("compiled_spec", None, "train", f"{compiled}:build"),
                 ("noop_model", None, "infer", f"{noop}:build"),
                 ("nan_weights", None, "train", f"{nan}:build")]
@@ -176,6 +180,8 @@ def profile_walk(out_dir: Path, only: list[str]) -> None:
             _settle(page)
             if "spec" not in label or label == "compiled_spec":  # a capture that should succeed
                 page.get_by_text("Profiled steps").first.wait_for(timeout=300_000)
+            else:  # its error line (the out-of-memory case takes ~30 s to fill the machine)
+                page.get_by_test_id("stAlertContentError").first.wait_for(timeout=300_000)
             page.wait_for_timeout(500)
             shoot(page, out_dir / f"{label}.png")
             (out_dir / f"{label}.txt").write_text(page.get_by_test_id("stMain").inner_text())
