@@ -120,7 +120,7 @@ void act_fwd_impl(const at::Tensor& x, const c10::optional<at::Tensor>& bias, at
 
 // grad_x = grad * act'(x [+ bias]); grad_bias = sum over rows of grad_x (partial sums per
 // thread, then reduced), so the bias gradient costs no extra pass over memory. Rows are summed in
-// blocks of kGradBlockRows first (common.h flush_block).
+// blocks of grad_block_rows(n) first (common.h flush_block).
 
 template <typename T, int64_t K>
 void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
@@ -139,6 +139,7 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
   const int64_t n = x.size(-1), rows = numel / n;
   const std::vector<float> bf = bias_f32<T>(*bias);
   const int64_t nthreads = at::get_num_threads();
+  const int64_t block_rows = fusionlens::grad_block_rows(n);
   std::vector<double> partial(grad_bias.has_value() ? nthreads * n : 0, 0.0);
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
     double* acc = partial.empty() ? nullptr : partial.data() + at::get_thread_num() * n;
@@ -146,7 +147,7 @@ void act_bwd_impl(const at::Tensor& grad, const at::Tensor& x, const c10::option
     float* bsum = acc != nullptr ? block.data() : nullptr;
     for (int64_t r = b; r < e; ++r) {
       sp.act_grad(gp + r * n, xp + r * n, bf.data(), gxp + r * n, bsum, n);
-      if (bsum != nullptr && ((r - b + 1) % fusionlens::kGradBlockRows == 0 || r + 1 == e)) {
+      if (bsum != nullptr && ((r - b + 1) % block_rows == 0 || r + 1 == e)) {
         fusionlens::flush_block(bsum, acc, n);
       }
     }

@@ -355,6 +355,15 @@ inline int64_t chunks_for(int64_t rows, int64_t cols) {
 // bias gradient over 1,584 rows of one column, fuzz seed 933493). A flush is n adds per block.
 constexpr int64_t kGradBlockRows = 32;
 
+// Rows per block sum for rows of n columns: kGradBlockRows from n = 512 up, fewer below (one
+// below 32), so that a flush costs at most ~16 adds a row where rows are short: there a row's own
+// fixed cost dwarfs that, and a 32-row fp32 block still summed to 15x eager's error (an RMSNorm
+// weight gradient over 462 rows of one column, whose terms cancelled from ~1 to 0.3: fuzz seed
+// 34272919). From 512 columns on nothing changes.
+inline int64_t grad_block_rows(int64_t n) {
+  return std::clamp<int64_t>(n / 16, 1, kGradBlockRows);
+}
+
 // partial[j] += block[j]; block[j] = 0.
 inline void flush_block(float* block, double* partial, int64_t n) {
 #pragma omp simd

@@ -402,7 +402,7 @@ void ln_bwd(const LnBwd& a) {
   const T* dap = static_cast<const T*>(a.dadd);
   T* dxp = static_cast<T*>(a.dx);
   const float inv_n = 1.0f / static_cast<float>(n);
-  const int64_t nchunks = chunks_for(m, n);
+  const int64_t nchunks = chunks_for(m, n), block_rows = grad_block_rows(n);
   std::vector<double> dw_part(a.dw ? nchunks * n : 0, 0.0), db_part(a.db ? nchunks * n : 0, 0.0);
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
   const float* wv = a.w ? a.w : ones.data();
@@ -421,7 +421,7 @@ void ln_bwd(const LnBwd& a) {
     for (int64_t c = cbegin; c < cend; ++c) {
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
-        if (i > i0 && (i - i0) % kGradBlockRows == 0) {
+        if (i > i0 && (i - i0) % block_rows == 0) {
           if (a.dw) flush_block(pw, dw_part.data() + c * n, n);
           if (a.db) flush_block(pb, db_part.data() + c * n, n);
         }
@@ -652,7 +652,7 @@ void rms_bwd(const RmsBwd& a) {
   const T* dap = static_cast<const T*>(a.dadd);
   T* dxp = static_cast<T*>(a.dx);
   const float inv_n = 1.0f / static_cast<float>(n);
-  const int64_t nchunks = chunks_for(m, n);
+  const int64_t nchunks = chunks_for(m, n), block_rows = grad_block_rows(n);
   std::vector<double> dw_part(a.dw ? nchunks * n : 0, 0.0);
   const bool round_n = a.llama_cast && !std::is_same_v<T, float>;
   const std::vector<float> ones(a.w ? 0 : n, 1.f);
@@ -667,13 +667,13 @@ void rms_bwd(const RmsBwd& a) {
     // Per thread: the streamed dx tile (as T), a scratch partial for a weight grad nobody asked for.
     constexpr bool f32 = std::is_same_v<T, float>;
     Scratch<T> sc(f32 ? 2 * n : n, !f32 && stream ? n : 0);
-    float* pw = sc.f.data();  // the block sum (see kGradBlockRows)
+    float* pw = sc.f.data();  // the block sum (see grad_block_rows)
     T* tile;
     if constexpr (f32) tile = pw + n; else tile = sc.t.data();
     for (int64_t c = cbegin; c < cend; ++c) {
       const int64_t i0 = c * m / nchunks, i1 = (c + 1) * m / nchunks;
       for (int64_t i = i0; i < i1; ++i) {
-        if (a.dw && i > i0 && (i - i0) % kGradBlockRows == 0) flush_block(pw, dw_part.data() + c * n, n);
+        if (a.dw && i > i0 && (i - i0) % block_rows == 0) flush_block(pw, dw_part.data() + c * n, n);
         const T *x = xp + i * n, *da = dap ? dap + i * n : nullptr;
         const G* dy = dyp + i * n;
         const float r = a.rstd[i];
