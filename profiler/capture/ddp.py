@@ -37,6 +37,7 @@ import torch
 
 from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
 from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn
+from profiler.capture.isolated import available_gib, death_cause, volunteer_for_oom_killer
 from profiler.errors import FusionLensError, first_line
 
 INIT_TIMEOUT_S = 120
@@ -128,6 +129,7 @@ def _worker(rank: int, world: int, port: int, spec: str, plan: CapturePlan, out_
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    volunteer_for_oom_killer()  # out of memory: the OOM killer takes a rank, not the server that spawned it
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
     def progress(done: int, total: int, msg: str) -> None:
@@ -213,6 +215,7 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
 
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
+    free_gib = available_gib()
     procs = mp.start_processes(_worker, args=(nproc, _free_port(), spec, plan, str(out_dir), size, batch,
                                               dict(overrides or {}), messages, find_unused),
                                nprocs=nproc, join=False, start_method="spawn")
@@ -241,7 +244,10 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
     except Exception as exc:  # a worker exited non-zero: its own message says why
         time.sleep(0.2)
         drain()
-        if not errors:
+        rank = getattr(exc, "error_index", None)
+        if not errors and rank is not None and getattr(exc, "exit_code", None) is not None:  # no word from it
+            errors[rank] = death_cause(exc.exit_code, free_gib, f"rank {rank}'s process")  # e.g. the OOM killer's
+        elif not errors:
             errors[-1] = " ".join(str(exc).split())[:300]
     drain()
     return errors, unused, warnings

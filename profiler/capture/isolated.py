@@ -64,7 +64,8 @@ def available_gib() -> Optional[float]:
     return None
 
 
-def _volunteer_for_oom_killer() -> None:
+def volunteer_for_oom_killer() -> None:
+    """Make this process the OOM killer's first pick (a capture, not the server that started it)."""
     try:  # raising one's own score needs no privilege
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
@@ -77,7 +78,7 @@ def _child(conn: Any, env: Mapping[str, str], threads: int, spec: str, plan: Cap
     """Child entry point: the caller's environment, then the capture; every outcome is one message."""
     os.environ.clear()
     os.environ.update(env)  # a forkserver child starts with the forkserver's environment
-    _volunteer_for_oom_killer()
+    volunteer_for_oom_killer()
     import torch
 
     from profiler.capture.backends import CaptureError
@@ -101,8 +102,9 @@ def _child(conn: Any, env: Mapping[str, str], threads: int, spec: str, plan: Cap
         conn.close()
 
 
-def death_message(spec: str, exitcode: Optional[int], free_gib: Optional[float]) -> str:
-    """One line for a capture process that ended without a result."""
+def death_cause(exitcode: Optional[int], free_gib: Optional[float], what: str = "the capture process") -> str:
+    """Why a capture process ended without a result, in one line (exitcode: multiprocessing's,
+    minus the signal number when a signal ended it)."""
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
@@ -110,10 +112,10 @@ def death_message(spec: str, exitcode: Optional[int], free_gib: Optional[float])
             name = f"signal {-exitcode}"
         if -exitcode == signal.SIGKILL:
             free = f"; {free_gib:.1f} GiB were free when it started" if free_gib is not None else ""
-            return (f"spec {spec!r}: ran out of memory: the capture process was killed ({name}), most likely by "
-                    f"the kernel's out-of-memory killer{free}; try a smaller batch or size")
-        return f"spec {spec!r}: the capture process died of {name}"
-    return f"spec {spec!r}: the capture process exited with status {exitcode} before sending its result"
+            return (f"ran out of memory: {what} was killed ({name}), most likely by the kernel's "
+                    f"out-of-memory killer{free}; try a smaller batch or size")
+        return f"{what} died of {name}"
+    return f"{what} exited with status {exitcode} before sending its result"
 
 
 def capture_isolated(spec: str, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
@@ -153,7 +155,7 @@ def capture_isolated(spec: str, plan: CapturePlan, out_dir: str | Path, *, size:
                     raise msg[1]
                 return msg[1]
         proc.join()
-        raise SpecError(death_message(spec, proc.exitcode, free_gib))
+        raise SpecError(f"spec {spec!r}: {death_cause(proc.exitcode, free_gib)}")
     finally:
         recv_end.close()
         if answered:  # the child is ending on its own

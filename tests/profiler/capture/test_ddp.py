@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from profiler.capture.backends import CapturePlan
+from profiler.capture.backends import CaptureError, CapturePlan
 from profiler.capture.ddp import capture_ddp
 
 
@@ -70,6 +70,25 @@ def test_parameters_the_loss_does_not_use(tmp_path):
         "timed non-finite arithmetic"]
     assert list(res.trace.meta["capture"]["ddp_unused_parameters"]) == ["spare.weight", "spare.bias"]
     assert any("find_unused_parameters=True" in m and "spare.weight" in m for m in said), said
+
+
+def test_a_rank_killed_by_the_oom_killer_is_one_line(tmp_path):
+    """A rank that dies without a word (SIGKILL, as the kernel's OOM killer ends it) is named, with
+    the likely cause, in the one line the capture fails with."""
+    spec = tmp_path / "dies_on_rank1.py"
+    spec.write_text(textwrap.dedent("""
+        import os, signal, torch
+        def build():
+            if os.environ.get("RANK") == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return torch.nn.Linear(4, 2), (torch.randn(3, 4),)
+    """))
+    with pytest.raises(CaptureError) as info:
+        capture_ddp(f"{spec}:build", CapturePlan(wait=0, warmup=0, active=1), tmp_path / "out", 2)
+    msg = str(info.value)
+    assert msg.startswith("distributed capture failed on rank 1: ran out of memory: rank 1's process was killed "
+                          "(SIGKILL), most likely by the kernel's out-of-memory killer"), msg
+    assert "\n" not in msg
 
 
 def test_parameters_unused_on_one_rank_only(tmp_path):

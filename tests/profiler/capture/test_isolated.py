@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from profiler.capture.backends import CapturePlan, CaptureResult
-from profiler.capture.isolated import capture_isolated, death_message
+from profiler.capture.isolated import capture_isolated, death_cause
 from profiler.capture.spec import SpecError
 from profiler.trace import load_trace
 
@@ -47,8 +47,9 @@ def test_a_child_that_dies_is_one_line_naming_the_spec(tmp_path, body, expected)
 
 
 def test_the_oom_line_says_how_much_memory_was_free():
-    assert death_message("m", -9, 21.25).endswith("; 21.2 GiB were free when it started; try a smaller batch or size")
-    assert "GiB" not in death_message("m", -9, None)
+    assert death_cause(-9, 21.25).endswith("; 21.2 GiB were free when it started; try a smaller batch or size")
+    assert "GiB" not in death_cause(-9, None)
+    assert death_cause(-11, None, "rank 1's process") == "rank 1's process died of SIGSEGV"
 
 
 def test_an_error_comes_back_with_its_type_and_the_child_traceback(tmp_path):
