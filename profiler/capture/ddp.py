@@ -296,8 +296,8 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
 def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int = 1, *, size: str = "small",
                   batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
                   progress: Optional[ProgressFn] = None) -> CaptureResult:
-    """One capture in a child process (nproc 1; isolated.py) or a DDP capture over `nproc` ranks: what the CLI's
-    `--nproc` and the dashboard's Ranks field run."""
+    """One capture in a child process (nproc 1; isolated.py) or a DDP capture over `nproc` ranks:
+    what the CLI's `--nproc` and the dashboard's Ranks field run."""
     if nproc < 1:
         raise CaptureError(f"ranks must be >= 1, got {nproc}")
     if nproc == 1:  # in a child process, so that running out of memory is an error line (isolated.py)
