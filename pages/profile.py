@@ -111,16 +111,22 @@ st.table(pv.sources_frame(plan_sources(preview, env)), hide_index=True, border="
 # ------------------------------------------------------------------ run
 if st.button("Profile", type="primary", key="profile_run"):
     bar = st.progress(0.0, text="starting")
+    shown = [0.0, "starting"]  # what the bar says, for the heartbeat to say again
 
     def progress(done: int, total: int, message: str) -> None:
-        bar.progress(min(done / max(total, 1), 1.0), text=message)
+        shown[:] = [min(done / max(total, 1), 1.0), message]
+        bar.progress(shown[0], text=shown[1])
+
+    def heartbeat() -> None:  # a Streamlit call now and then: the Stop button can end a silent capture
+        bar.progress(shown[0], text=shown[1])
 
     try:
         request = pv.make_request(spec, size=size, batch=batch, settings=settings, device=device, dtype=dtype,
                                   mode=mode, wait=wait, warmup=warmup, active=active, backend=backend,
                                   ceilings=ceilings, heavy=heavy, flops=flops, nvml=nvml, nproc=nproc,
                                   autocast=autocast)
-        outcome = pv.run_profile(request, data_dir() / "captures", pv.quiet_while_timed(progress, request.plan), env)
+        outcome = pv.run_profile(request, data_dir() / "captures", pv.quiet_while_timed(progress, request.plan), env,
+                                 heartbeat)
     except (FusionLensError, MemoryError, OSError) as exc:
         st.session_state.pop(RESULT_KEY, None)
         st.error(pv.error_line(spec, exc))

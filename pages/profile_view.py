@@ -212,8 +212,11 @@ def quiet_while_timed(progress: Callable[[int, int, str], None], plan: CapturePl
 
 
 def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]] = None,
-                env: Optional[dict] = None) -> ProfileOutcome:
+                env: Optional[dict] = None, heartbeat: Optional[Callable[[], None]] = None) -> ProfileOutcome:
     """Capture `req` as `python -m profiler capture` does and write its files under `root`.
+
+    heartbeat: called about once a second while the capture is silent (capture_isolated), so that
+    the page's Stop button (or a rerun) can end a capture that hangs or runs long.
 
     Raises FusionLensError (SpecError, CaptureError, ProfileInputError), MemoryError or OSError.
     """
@@ -226,12 +229,13 @@ def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
         raise ProfileInputError(f"spec {req.spec!r}: another capture is running in this server (the profiler is "
                                 "process-wide: one at a time); try again when it has finished")
     try:
-        return _run_locked(req, root, progress)
+        return _run_locked(req, root, progress, heartbeat)
     finally:
         CAPTURE_LOCK.release()
 
 
-def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]]) -> ProfileOutcome:
+def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]],
+                heartbeat: Optional[Callable[[], None]]) -> ProfileOutcome:
     from profiler.capture.ddp import capture_ranks
     from profiler.capture.report import default_out_dir, with_ceilings, write_outputs
 
@@ -239,7 +243,7 @@ def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
     out_dir = default_out_dir(req.spec, root)  # -2, -3, ... when a run in the same second took it
     out_dir.mkdir(parents=True)
     result = capture_ranks(req.spec, req.plan, out_dir, req.nproc, size=req.size, batch=req.batch,
-                           overrides=dict(req.overrides), progress=say)
+                           overrides=dict(req.overrides), progress=say, heartbeat=heartbeat)
     say(req.plan.steps, req.plan.steps, f"writing the trace, summary and roofline (ceilings: {CEILING_LABELS[req.ceilings]})")
     summary = write_outputs(result, req.plan, out_dir, req.ceilings,
                             {"spec": req.spec, "nproc": req.nproc, "source": "dashboard"})

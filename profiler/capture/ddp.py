@@ -37,7 +37,7 @@ import torch
 
 from profiler.capture.artifacts import RUN_OUTPUTS, clear_outputs
 from profiler.capture.backends import CaptureError, CapturePlan, CaptureResult, ProgressFn
-from profiler.capture.isolated import available_gib, death_cause, volunteer_for_oom_killer
+from profiler.capture.isolated import HEARTBEAT_S, available_gib, death_cause, volunteer_for_oom_killer
 from profiler.errors import FusionLensError, first_line
 
 INIT_TIMEOUT_S = 120
@@ -208,9 +208,11 @@ REDUCTION_NOT_FINISHED = "Expected to have finished reduction"  # DDP's error fo
 
 def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: str, batch: Optional[int],
                  overrides: Optional[Mapping[str, Any]], progress: Optional[ProgressFn],
-                 find_unused: bool) -> tuple[dict[int, str], list[str], list[str]]:
+                 find_unused: bool, heartbeat: Optional[Callable[[], None]] = None,
+                 ) -> tuple[dict[int, str], list[str], list[str]]:
     """Spawn the ranks and wait: ({rank: one-line error} of the ranks that failed, rank 0's
-    names of the parameters that got no grad in the check step, rank 0's numeric warnings)."""
+    names of the parameters that got no grad in the check step, rank 0's numeric warnings).
+    heartbeat: as capture_isolated's; when it (or progress) raises, the ranks are killed."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -238,10 +240,19 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
             elif msg[0] == "warnings":
                 warnings[:] = msg[2]
 
+    beat = time.monotonic()
     try:
         while not procs.join(timeout=0.2):
             drain()
-    except Exception as exc:  # a worker exited non-zero: its own message says why
+            if heartbeat is not None and time.monotonic() - beat >= HEARTBEAT_S:
+                heartbeat()
+                beat = time.monotonic()
+    except BaseException as exc:  # a rank exited non-zero (its own message says why), or the wait was stopped
+        if not hasattr(exc, "error_index"):  # stopped (Ctrl-C, the page's Stop or rerun): end the ranks
+            for p in procs.processes:
+                if p.is_alive():
+                    p.kill()
+            raise
         time.sleep(0.2)
         drain()
         rank = getattr(exc, "error_index", None)
@@ -255,7 +266,7 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
 
 def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *, size: str = "small",
                 batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
-                progress: Optional[ProgressFn] = None) -> CaptureResult:
+                progress: Optional[ProgressFn] = None, heartbeat: Optional[Callable[[], None]] = None) -> CaptureResult:
     """Spawn `nproc` DDP workers, capture one trace per rank, return the merged multi-rank Trace."""
     if nproc < 2:
         raise CaptureError("--nproc must be >= 2 for a distributed capture")
@@ -269,14 +280,14 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
     say = progress or (lambda done, total, msg: None)
     attempt = time.time()
     errors, unused, warnings = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress,
-                                            find_unused=False)
+                                            find_unused=False, heartbeat=heartbeat)
     forced = bool(errors) and any(REDUCTION_NOT_FINISHED in m for m in errors.values())
     if forced:
         say(0, plan.steps, "DDP: a later step left a parameter without a grad (data-dependent control flow, "
                            "e.g. an expert no token reached): running again with find_unused_parameters=True")
         attempt = time.time()
         errors, unused, warnings = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress,
-                                                find_unused=True)
+                                                find_unused=True, heartbeat=heartbeat)
     if errors:
         rank, msg = min(errors.items())
         raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
@@ -295,16 +306,18 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
 
 def capture_ranks(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int = 1, *, size: str = "small",
                   batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
-                  progress: Optional[ProgressFn] = None) -> CaptureResult:
+                  progress: Optional[ProgressFn] = None, heartbeat: Optional[Callable[[], None]] = None) -> CaptureResult:
     """One capture in a child process (nproc 1; isolated.py) or a DDP capture over `nproc` ranks:
-    what the CLI's `--nproc` and the dashboard's Ranks field run."""
+    what the CLI's `--nproc` and the dashboard's Ranks field run. heartbeat: see capture_isolated."""
     if nproc < 1:
         raise CaptureError(f"ranks must be >= 1, got {nproc}")
     if nproc == 1:  # in a child process, so that running out of memory is an error line (isolated.py)
         from profiler.capture.isolated import capture_isolated
 
         start = time.time()
-        result = capture_isolated(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress)
+        result = capture_isolated(spec, plan, out_dir, size=size, batch=batch, overrides=overrides, progress=progress,
+                                  heartbeat=heartbeat)
         clear_outputs(out_dir, RUN_OUTPUTS, before=start)  # an earlier capture's other ranks or op costs
         return result
-    return capture_ddp(spec, plan, out_dir, nproc, size=size, batch=batch, overrides=overrides, progress=progress)
+    return capture_ddp(spec, plan, out_dir, nproc, size=size, batch=batch, overrides=overrides, progress=progress,
+                       heartbeat=heartbeat)

@@ -17,7 +17,7 @@ import os
 import signal
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from profiler.errors import first_line
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # torch and the capture modules load on use: prestart() runs 
 # Imported once by the forkserver, not by every capture (torch._dynamo: what an optimizer's
 # constructor imports, 1.5 s here; with it a tiny capture's child takes 0.14 s, not 1.2).
 PRELOAD = ["torch", "torch._dynamo", "torch.profiler", "profiler.capture.runner", "profiler.capture.zoo.models"]
+HEARTBEAT_S = 1.0  # how often a silent child's wait calls the caller's heartbeat
 _context: Any = None
 
 
@@ -120,9 +121,14 @@ def death_cause(exitcode: Optional[int], free_gib: Optional[float], what: str = 
 
 def capture_isolated(spec: str, plan: CapturePlan, out_dir: str | Path, *, size: str = "small",
                      batch: Optional[int] = None, overrides: Optional[Mapping[str, Any]] = None,
-                     progress: Optional[ProgressFn] = None) -> CaptureResult:
+                     progress: Optional[ProgressFn] = None,
+                     heartbeat: Optional[Callable[[], None]] = None) -> CaptureResult:
     """runner.capture(spec, ...) in a child process: the same result, progress and errors
-    (SpecError / CaptureError, re-raised here), and one SpecError line when the child dies."""
+    (SpecError / CaptureError, re-raised here), and one SpecError line when the child dies.
+
+    heartbeat: called every HEARTBEAT_S while the child is silent (a build that hangs, profiled
+    steps, which report nothing to a page): an exception it raises (Streamlit's stop or rerun)
+    ends the wait, and the child is killed."""
     import torch
 
     from profiler.capture.backends import CaptureError
@@ -140,6 +146,9 @@ def capture_isolated(spec: str, plan: CapturePlan, out_dir: str | Path, *, size:
     answered = False
     try:
         while True:
+            if heartbeat is not None and not recv_end.poll(HEARTBEAT_S):
+                heartbeat()
+                continue
             try:
                 msg = recv_end.recv()
             except EOFError:

@@ -189,6 +189,51 @@ def test_profile_page_runs_a_tiny_zoo_model(server):
         browser.close()
 
 
+def test_stop_ends_a_hanging_capture_and_the_next_one_runs(server, tmp_path):
+    """A local spec whose build() never returns: the status widget's Stop ends the run within a
+    couple of seconds, the capture's process is gone, and the next capture is not refused as
+    "another capture is running" (the heartbeat of profiler/capture/isolated.py)."""
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    pid_file = tmp_path / "pid"
+    spec = tmp_path / "hangs.py"
+    spec.write_text("import os, time\n\ndef build():\n"
+                    f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(600)\n")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.goto(server)
+        page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
+        page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+        page.get_by_text("Local spec").click()
+        page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
+        box = page.get_by_role("textbox", name="Model spec")
+        box.fill(f"{spec}:build")
+        box.press("Enter")
+        page.wait_for_timeout(300)
+        page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
+        page.get_by_role("button", name="Profile", exact=True).click()
+        deadline = time.time() + 60
+        while not pid_file.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        pid = int(pid_file.read_text())
+        page.get_by_test_id("stStatusWidget").get_by_role("button", name="Stop").click()
+        page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=30_000)
+        deadline = time.time() + 10
+        while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" \
+                and time.time() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        page.get_by_text("Built-in zoo model").click()
+        page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
+        page.get_by_role("button", name="Profile", exact=True).click()
+        page.get_by_text(re.compile(r"^captured: bert \(small\)")).wait_for(timeout=120_000)  # the first zoo model
+        assert page.locator("text=another capture is running").count() == 0
+        browser.close()
+
+
 def test_deep_link_on_a_fresh_server_goes_through_the_router(tmp_path):
     """Streamlit serves a first deep link the MPA-v1 way (pages/ exists): the page must still get
     app.py's navigation (only the registered pages, never pages/state.py) and page config."""

@@ -91,6 +91,37 @@ def test_a_rank_killed_by_the_oom_killer_is_one_line(tmp_path):
     assert "\n" not in msg
 
 
+def test_a_stopped_wait_kills_the_ranks(tmp_path):
+    """The page's Stop (an exception from the heartbeat) during a DDP capture whose ranks hang in
+    build(): the wait ends and no rank is left running."""
+    import time
+    from pathlib import Path
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    spec = tmp_path / "hangs.py"
+    spec.write_text("import os, time\n"
+                    "def build():\n"
+                    f"    open(os.path.join({str(pids)!r}, os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                    "    time.sleep(600)\n")
+
+    class Stopped(BaseException):
+        pass
+
+    def heartbeat():
+        if len(list(pids.iterdir())) == 2:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        capture_ddp(f"{spec}:build", CapturePlan(wait=0, warmup=0, active=1), tmp_path / "out", 2,
+                    heartbeat=heartbeat)
+    time.sleep(0.5)
+    for f in pids.iterdir():
+        pid = int(f.read_text())
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z", f"rank {f.name} still runs"
+
+
 def test_parameters_unused_on_one_rank_only(tmp_path):
     """Rank 1's data never reaches expert `b`, rank 0's does (a mixture of experts routing tokens
     differently per rank): the ranks must agree on find_unused_parameters or the first reduction

@@ -1,8 +1,10 @@
 """Single-rank captures in a child process (profiler/capture/isolated.py): a child that dies is one
 line, errors come back with their type, and the child sees the caller's environment."""
 import json
+import os
 import pickle
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,38 @@ def test_a_trace_and_a_capture_result_pickle_with_frozen_meta():
     with pytest.raises(TypeError):  # frozen again, nested mappings included
         back.trace.meta["device_properties"][0]["name"] = "x"
     assert type(back.trace.meta["sources"]) is tuple
+
+
+class Stopped(BaseException):
+    """What Streamlit's Stop button raises in a page's script thread (a BaseException there too)."""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # dead, not yet reaped
+
+
+def test_a_heartbeat_that_raises_ends_a_hanging_capture_and_its_process(tmp_path):
+    """A build() that never returns sends nothing; the heartbeat still runs (about once a second),
+    and when it raises (the page's Stop), the wait ends and the child is killed."""
+    pid_file = tmp_path / "pid"
+    body = ("import os, time\n"
+            "def build():\n"
+            f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "    time.sleep(600)\n")
+    spec = f"{write(tmp_path, 'hangs.py', body)}:build"
+    beats = []
+
+    def heartbeat():
+        beats.append(time.monotonic())
+        if pid_file.exists():
+            raise Stopped
+
+    t0 = time.monotonic()
+    with pytest.raises(Stopped):
+        capture_isolated(spec, PLAN, tmp_path / "out", heartbeat=heartbeat)
+    assert time.monotonic() - t0 < 30 and beats
+    assert _gone(int(pid_file.read_text()))
