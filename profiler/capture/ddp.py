@@ -27,6 +27,7 @@ import datetime
 import os
 import queue
 import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -210,8 +211,9 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
                  overrides: Optional[Mapping[str, Any]], progress: Optional[ProgressFn],
                  find_unused: bool, heartbeat: Optional[Callable[[], None]] = None,
                  ) -> tuple[dict[int, str], list[str], list[str]]:
-    """Spawn the ranks and wait: ({rank: one-line error} of the ranks that failed, rank 0's
-    names of the parameters that got no grad in the check step, rank 0's numeric warnings).
+    """Spawn the ranks and wait: ({rank: one-line error} of the ranks that failed, a rank killed by
+    a signal first, then by rank; rank 0's names of the parameters that got no grad in the check
+    step; rank 0's numeric warnings).
     heartbeat: as capture_isolated's; when it (or progress) raises, the ranks are killed."""
     import torch.multiprocessing as mp
 
@@ -241,6 +243,7 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
                 warnings[:] = msg[2]
 
     beat = time.monotonic()
+    exitcodes: list[Optional[int]] = []  # filled when a rank failed
     try:
         while not procs.join(timeout=0.2):
             drain()
@@ -255,13 +258,26 @@ def _run_workers(spec: str, plan: CapturePlan, out_dir: Path, nproc: int, size: 
             raise
         time.sleep(0.2)
         drain()
-        rank = getattr(exc, "error_index", None)
-        if not errors and rank is not None and getattr(exc, "exit_code", None) is not None:  # no word from it
-            errors[rank] = death_cause(exc.exit_code, free_gib, f"rank {rank}'s process")  # e.g. the OOM killer's
-        elif not errors:
+        exitcodes = [p.exitcode for p in procs.processes]
+        if not errors:  # torch's own line ("process 1 terminated with signal SIGKILL")
             errors[-1] = " ".join(str(exc).split())[:300]
     drain()
-    return errors, unused, warnings
+    return errors_in_order(errors, exitcodes, free_gib), unused, warnings
+
+
+def errors_in_order(errors: Mapping[int, str], exitcodes: list[Optional[int]],
+                    free_gib: Optional[float]) -> dict[int, str]:
+    """The ranks' one-line errors, the one to report first. A rank a signal ended (the OOM killer's
+    SIGKILL; not the SIGTERM torch's join sends the others once one failed) said nothing, and its
+    peers' errors ("Connection reset by peer") are its consequence: it goes first, with its likely
+    cause. Otherwise by rank."""
+    out = dict(errors)
+    killed = [r for r, code in enumerate(exitcodes) if code is not None and code < 0 and code != -signal.SIGTERM]
+    if killed:
+        out.pop(-1, None)  # torch's line about it, said better here
+        out[killed[0]] = death_cause(exitcodes[killed[0]], free_gib, f"rank {killed[0]}'s process")
+    first = killed[0] if killed else None
+    return dict(sorted(out.items(), key=lambda item: (item[0] != first, item[0])))
 
 
 def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *, size: str = "small",
@@ -289,7 +305,7 @@ def capture_ddp(spec: str, plan: CapturePlan, out_dir: str | Path, nproc: int, *
         errors, unused, warnings = _run_workers(spec, plan, out_dir, nproc, size, batch, overrides, progress,
                                                 find_unused=True, heartbeat=heartbeat)
     if errors:
-        rank, msg = min(errors.items())
+        rank, msg = next(iter(errors.items()))  # a killed rank's cause, else the lowest rank's error
         raise CaptureError(f"distributed capture failed on rank {rank}: {msg}")
     clear_outputs(out_dir, RUN_OUTPUTS, before=attempt)  # an earlier run's rank JSON or op costs must not join
     run_s = time.perf_counter() - t0

@@ -133,6 +133,17 @@ def test_two_files_upload_as_two_ranks(server, tmp_path, packed):
         browser.close()
 
 
+def _profile_page(browser, server: str, height: int):
+    """A new page on the Profile page, entered through the router as a user does (a deep link into
+    a fresh server runs the pages/ folder's scripts Streamlit's MPA-v1 way until app.py's
+    st.navigation has run once), once its Sources table is drawn."""
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.goto(server)
+    page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
+    page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+    return page
+
+
 def test_profile_page_runs_a_tiny_zoo_model(server):
     import re
 
@@ -158,12 +169,7 @@ def test_profile_page_runs_a_tiny_zoo_model(server):
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 2600})
-        # enter through the router, as a user does (a deep link into a fresh server runs the pages/ folder's
-        # scripts Streamlit's MPA-v1 way until app.py's st.navigation has run once)
-        page.goto(server)
-        page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
-        page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+        page = _profile_page(browser, server, height=2600)
         page.get_by_text("device is cpu (NVML samples NVIDIA GPUs only)").first.wait_for(timeout=60_000)  # Sources
         settle()
         pick("Zoo model", "mlp")
@@ -203,10 +209,7 @@ def test_stop_ends_a_hanging_capture_and_the_next_one_runs(server, tmp_path):
                     f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(600)\n")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.goto(server)
-        page.get_by_test_id("stSidebarNav").get_by_text("Profile a model").click()
-        page.get_by_text("Sources", exact=True).first.wait_for(timeout=60_000)
+        page = _profile_page(browser, server, height=1600)
         page.get_by_text("Local spec").click()
         page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
         box = page.get_by_role("textbox", name="Model spec")

@@ -72,23 +72,56 @@ def test_parameters_the_loss_does_not_use(tmp_path):
     assert any("find_unused_parameters=True" in m and "spare.weight" in m for m in said), said
 
 
-def test_a_rank_killed_by_the_oom_killer_is_one_line(tmp_path):
-    """A rank that dies without a word (SIGKILL, as the kernel's OOM killer ends it) is named, with
-    the likely cause, in the one line the capture fails with."""
-    spec = tmp_path / "dies_on_rank1.py"
-    spec.write_text(textwrap.dedent("""
+KILL_RANK1_IN = {
+    "build": """
         import os, signal, torch
         def build():
             if os.environ.get("RANK") == "1":
                 os.kill(os.getpid(), signal.SIGKILL)
             return torch.nn.Linear(4, 2), (torch.randn(3, 4),)
-    """))
+    """,
+    # after DDP is set up: rank 0 then fails in its all-reduce ("Connection reset by peer"), and that
+    # consequence must not hide the cause
+    "forward": """
+        import os, signal, torch
+        class Dies(torch.nn.Linear):
+            def forward(self, x):
+                if os.environ.get("RANK") == "1":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return super().forward(x)
+        def build():
+            return Dies(4, 2), (torch.randn(3, 4),)
+    """,
+}
+
+
+@pytest.mark.parametrize("where", sorted(KILL_RANK1_IN))
+def test_a_rank_killed_by_the_oom_killer_is_one_line(tmp_path, where):
+    """A rank that dies without a word (SIGKILL, as the kernel's OOM killer ends it) is named, with
+    the likely cause, in the one line the capture fails with, before its peers' errors."""
+    spec = tmp_path / "dies_on_rank1.py"
+    spec.write_text(textwrap.dedent(KILL_RANK1_IN[where]))
     with pytest.raises(CaptureError) as info:
         capture_ddp(f"{spec}:build", CapturePlan(wait=0, warmup=0, active=1), tmp_path / "out", 2)
     msg = str(info.value)
     assert msg.startswith("distributed capture failed on rank 1: ran out of memory: rank 1's process was killed "
                           "(SIGKILL), most likely by the kernel's out-of-memory killer"), msg
     assert "\n" not in msg
+
+
+def test_a_killed_ranks_cause_goes_before_its_peers_errors():
+    """Under load, rank 0's "Connection reset by peer" can reach the parent before it sees rank 1
+    die (CI did so): the SIGKILLed rank is still the one reported. SIGTERM (what torch's join
+    sends the other ranks once one failed) is not a cause; with no signal, errors go by rank."""
+    from profiler.capture.ddp import errors_in_order
+
+    reset = "RuntimeError: [gloo] Read error: Connection reset by peer"
+    first = next(iter(errors_in_order({0: reset}, [2, -9], 3.0).items()))
+    assert first == (1, "ran out of memory: rank 1's process was killed (SIGKILL), most likely by the kernel's "
+                        "out-of-memory killer; 3.0 GiB were free when it started; try a smaller batch or size")
+    assert errors_in_order({-1: "process 1 terminated with signal SIGKILL"}, [-15, -9], None).keys() == {1}
+    assert list(errors_in_order({1: "b", 0: "a"}, [-15, 2], None).items()) == [(0, "a"), (1, "b")]
+    assert errors_in_order({}, [], None) == {}
 
 
 def test_a_stopped_wait_kills_the_ranks(tmp_path):
