@@ -237,16 +237,18 @@ def run_profile(req: ProfileRequest, root: Path, progress: Optional[Callable[[in
 def _run_locked(req: ProfileRequest, root: Path, progress: Optional[Callable[[int, int, str], None]],
                 heartbeat: Optional[Callable[[], None]]) -> ProfileOutcome:
     from profiler.capture.ddp import capture_ranks
-    from profiler.capture.report import default_out_dir, with_ceilings, write_outputs
+    from profiler.capture.report import default_out_dir, removed_if_failed, with_ceilings, write_outputs
 
     say = progress or (lambda done, total, msg: None)
     out_dir = default_out_dir(req.spec, root)  # -2, -3, ... when a run in the same second took it
     out_dir.mkdir(parents=True)
-    result = capture_ranks(req.spec, req.plan, out_dir, req.nproc, size=req.size, batch=req.batch,
-                           overrides=dict(req.overrides), progress=say, heartbeat=heartbeat)
-    say(req.plan.steps, req.plan.steps, f"writing the trace, summary and roofline (ceilings: {CEILING_LABELS[req.ceilings]})")
-    summary = write_outputs(result, req.plan, out_dir, req.ceilings,
-                            {"spec": req.spec, "nproc": req.nproc, "source": "dashboard"})
+    with removed_if_failed(out_dir):
+        result = capture_ranks(req.spec, req.plan, out_dir, req.nproc, size=req.size, batch=req.batch,
+                               overrides=dict(req.overrides), progress=say, heartbeat=heartbeat)
+        say(req.plan.steps, req.plan.steps,
+            f"writing the trace, summary and roofline (ceilings: {CEILING_LABELS[req.ceilings]})")
+        summary = write_outputs(result, req.plan, out_dir, req.ceilings,
+                                {"spec": req.spec, "nproc": req.nproc, "source": "dashboard"})
     roof_path = out_dir / "roofline.csv"
     roofline = pd.read_csv(roof_path) if roof_path.is_file() else None
     modules_path = summary["files"].get("roofline_modules")

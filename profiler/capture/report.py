@@ -8,9 +8,10 @@ they cannot be made, `roofline_missing.txt` says why. All bytes are algorithmic 
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import pandas as pd
 
@@ -37,6 +38,19 @@ def default_out_dir(spec: str, root: str | Path | None = None) -> Path:
         n += 1
         out = base.with_name(f"{base.name}-{n}")
     return out
+
+
+@contextlib.contextmanager
+def removed_if_failed(out: Path) -> Iterator[Path]:
+    """A capture folder this run made (a default one): removed again when the run fails before
+    anything was written into it. Each failed attempt (a typo in the spec, a model out of memory)
+    left an empty `<spec>-<time>` folder in the data dir's captures."""
+    try:
+        yield out
+    except BaseException:
+        with contextlib.suppress(OSError):  # not empty (a rank wrote its trace), or gone: keep it
+            out.rmdir()
+        raise
 
 
 MODULES_CSV = "roofline_modules.csv"

@@ -9,6 +9,7 @@ and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
         prestart()  # the capture's process server imports torch now, beside this process's imports
     from profiler.capture.backends import CaptureError, CapturePlan
-    from profiler.capture.report import default_out_dir, write_outputs
+    from profiler.capture.report import default_out_dir, removed_if_failed, write_outputs
 
     if args.nproc < 1:
         raise UsageError("--nproc must be >= 1")
@@ -122,15 +123,16 @@ def run(args: argparse.Namespace) -> int:
     from profiler.capture.kineto import quiet_kineto_on_cpu
 
     quiet_kineto_on_cpu(args.device)
-    out = args.out or default_out_dir(args.spec)
-    check_out_dir(Path(out))
+    out = Path(args.out or default_out_dir(args.spec))
+    check_out_dir(out)
     show = _progress(args.quiet)
     from profiler.capture.ddp import capture_ranks
 
-    result = capture_ranks(args.spec, plan, out, args.nproc, size=args.size, batch=args.batch,
-                           overrides=overrides, progress=show)
-    show(plan.steps, plan.steps, "writing trace (Parquet), roofline and summary")
-    summary = write_outputs(result, plan, Path(out), args.ceilings, {"spec": args.spec, "nproc": args.nproc})
+    with removed_if_failed(out) if args.out is None else contextlib.nullcontext():  # --out: the user's folder
+        result = capture_ranks(args.spec, plan, out, args.nproc, size=args.size, batch=args.batch,
+                               overrides=overrides, progress=show)
+        show(plan.steps, plan.steps, "writing trace (Parquet), roofline and summary")
+        summary = write_outputs(result, plan, out, args.ceilings, {"spec": args.spec, "nproc": args.nproc})
     print(f"captured {args.spec}: {summary['events']} events, ranks {summary['ranks']}, "
           f"median step {summary['step_time_us_median'] or float('nan'):.0f} us, "
           f"{_si(summary['flops_total'])}FLOP, {_si(summary['bytes_moved_total'])}B moved "

@@ -181,7 +181,13 @@ if not torch.cuda.is_available():  # a build that needs a GPU, here
                             "build() raised")
 
 
-def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path):
+def _folders(data_dir: Path) -> set[str]:
+    captures = data_dir / "captures"
+    return {p.name for p in captures.iterdir()} if captures.is_dir() else set()
+
+
+def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path, data_dir):
+    before = _folders(data_dir)
     at = _page()
     cases = [(f"{tmp_path / name}:build", cause) for name, (_, cause) in BAD_SPECS.items()]
     for name, (code, _) in BAD_SPECS.items():
@@ -195,6 +201,7 @@ def test_bad_specs_give_one_line_then_a_good_run_works(tmp_path):
         assert len(at.error) == 1, spec
         line = at.error[0].value
         assert f"spec {spec!r}" in line and cause in line and "\n" not in line
+    assert _folders(data_dir) == before  # no empty `<spec>-<time>` folder left per failed attempt
     good = tmp_path / "good.py"
     good.write_text("import torch\n\ndef build(batch=3):\n"
                     "    return torch.nn.Linear(5, 2), (torch.randn(batch, 5),)\n")

@@ -201,6 +201,19 @@ def test_without_out_a_capture_lands_in_the_data_dir_where_the_load_page_lists_i
     assert f"wrote {found[0]}/" in proc.stdout
 
 
+def test_a_failed_capture_leaves_no_empty_folder_in_the_data_dir(tmp_path):
+    """Every failed attempt (a typo in the spec, a model out of memory) left an empty
+    `<spec>-<time>` folder under the data dir's captures; a folder the user named stays."""
+    data = tmp_path / "data"
+    for spec in ("mlp-typo", f"{tmp_path / 'missing.py'}:build"):
+        proc = run(spec, "--steps", "1", data_dir=data)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: spec "), proc.stderr
+    assert list((data / "captures").iterdir()) == []
+    named = tmp_path / "mine"
+    assert run("mlp-typo", "--out", str(named), data_dir=data).returncode == 2
+    assert named.is_dir()
+
+
 def test_default_out_dirs_of_one_second_differ(tmp_path, monkeypatch):
     from profiler.capture.report import default_out_dir
 
