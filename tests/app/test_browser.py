@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import wait_gone
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "tests" / "data" / "traces" / "tracelens_h100_bert_small.json.gz"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -224,11 +226,7 @@ def test_stop_ends_a_hanging_capture_and_the_next_one_runs(server, tmp_path):
         pid = int(pid_file.read_text())
         page.get_by_test_id("stStatusWidget").get_by_role("button", name="Stop").click()
         page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=30_000)
-        deadline = time.time() + 10
-        while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" \
-                and time.time() < deadline:
-            time.sleep(0.2)
-        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        assert wait_gone(pid, 10)
         page.get_by_text("Built-in zoo model").click()
         page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=60_000)
         page.get_by_role("button", name="Profile", exact=True).click()

@@ -5,6 +5,7 @@ import pytest
 
 from profiler.capture.backends import CaptureError, CapturePlan
 from profiler.capture.ddp import capture_ddp
+from tests.processes import wait_gone
 
 
 def test_two_rank_gloo_capture(tmp_path):
@@ -127,9 +128,6 @@ def test_a_killed_ranks_cause_goes_before_its_peers_errors():
 def test_a_stopped_wait_kills_the_ranks(tmp_path):
     """The page's Stop (an exception from the heartbeat) during a DDP capture whose ranks hang in
     build(): the wait ends and no rank is left running."""
-    import time
-    from pathlib import Path
-
     pids = tmp_path / "pids"
     pids.mkdir()
     spec = tmp_path / "hangs.py"
@@ -148,11 +146,8 @@ def test_a_stopped_wait_kills_the_ranks(tmp_path):
     with pytest.raises(Stopped):
         capture_ddp(f"{spec}:build", CapturePlan(wait=0, warmup=0, active=1), tmp_path / "out", 2,
                     heartbeat=heartbeat)
-    time.sleep(0.5)
     for f in pids.iterdir():
-        pid = int(f.read_text())
-        stat = Path(f"/proc/{pid}/stat")
-        assert not stat.exists() or stat.read_text().split()[2] == "Z", f"rank {f.name} still runs"
+        assert wait_gone(int(f.read_text()), 0.5), f"rank {f.name} still runs"
 
 
 def test_parameters_unused_on_one_rank_only(tmp_path):

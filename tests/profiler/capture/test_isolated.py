@@ -1,7 +1,6 @@
 """Single-rank captures in a child process (profiler/capture/isolated.py): a child that dies is one
 line, errors come back with their type, and the child sees the caller's environment."""
 import json
-import os
 import pickle
 import textwrap
 import time
@@ -14,6 +13,7 @@ from profiler.capture.backends import CapturePlan, CaptureResult
 from profiler.capture.isolated import capture_isolated, death_cause
 from profiler.capture.spec import SpecError
 from profiler.trace import load_trace
+from tests.processes import gone
 
 PLAN = CapturePlan(wait=0, warmup=0, active=1)
 DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -103,14 +103,6 @@ class Stopped(BaseException):
     """What Streamlit's Stop button raises in a page's script thread (a BaseException there too)."""
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # dead, not yet reaped
-
-
 def test_a_heartbeat_that_raises_ends_a_hanging_capture_and_its_process(tmp_path):
     """A build() that never returns sends nothing; the heartbeat still runs (about once a second),
     and when it raises (the page's Stop), the wait ends and the child is killed."""
@@ -131,4 +123,4 @@ def test_a_heartbeat_that_raises_ends_a_hanging_capture_and_its_process(tmp_path
     with pytest.raises(Stopped):
         capture_isolated(spec, PLAN, tmp_path / "out", heartbeat=heartbeat)
     assert time.monotonic() - t0 < 30 and beats
-    assert _gone(int(pid_file.read_text()))
+    assert gone(int(pid_file.read_text()))
