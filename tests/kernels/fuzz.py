@@ -7,7 +7,9 @@ layout per tensor (contiguous, transposed, every other element), mixed parameter
 ranges that stress the numerics (a large common offset under a tiny spread, large logits),
 planted NaN/Inf, broadcast masks with fully masked rows, GQA and seq-first RoPE layouts, ignored
 targets, smoothing, reductions and chunk sizes. Every provider a call admits (`cpu`, `aten`; not
-`triton` without a GPU) runs with poisoned outputs, forward and backward. Ours are judged by
+`triton` without a GPU) runs with poisoned outputs, forward and backward. `--provider triton`
+(`make fuzz-triton`) judges the Triton kernels alone; without a GPU through Triton's CPU
+interpreter, its fp32 -> bf16 cast made to round as the GPU's (tests/kernels/interpreter_rounding.py). Ours are judged by
 `judge` (numerics.assert_matches's protocol: error against float64 within 2x the larger of
 eager's and ATen's fused op's, non-finite positions as the truth's or eager's); ATen's own op is
 the baseline, held only to running where eager runs. Where eager raises, every provider must
@@ -35,6 +37,7 @@ import random
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -333,10 +336,22 @@ def draw_case(seed: int, kernel: Optional[str] = None) -> Case:
     return case
 
 
+ONLY: Optional[set[str]] = None  # --provider: judge only these providers (None: every one that runs)
+JUDGED: Counter = Counter()  # provider -> cases whose results it was judged on (it ran and eager ran)
+
+
+def providers_to_judge(spec_providers, extra: tuple[str, ...] = ()) -> list[str]:
+    """The providers of a kernel (plus `extra`) to run: with --provider, those named and `aten` (the
+    baseline the judge widens its bar by); else every one but triton off a GPU (its interpreter,
+    ~100x slower a case, is for `--provider triton` runs)."""
+    names = [*spec_providers, *extra]
+    if ONLY is not None:
+        return [p for p in names if p in ONLY or p == "aten"]
+    return [p for p in names if p != "triton" or torch.cuda.is_available()]
+
+
 def _providers(name: str) -> list[str]:
-    """The providers to judge: every one but triton off a GPU (its interpreter is far too slow)."""
-    cuda = torch.cuda.is_available()
-    return [p for p in KERNELS[name].providers if p != "triton" or cuda]
+    return providers_to_judge(KERNELS[name].providers)
 
 
 def _nonfinite_like(x: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -422,6 +437,7 @@ def check_case(case: Case) -> list[str]:
         elif eager is None:
             problems.append(f"{provider}: ran where eager raises")
         elif provider != "aten":  # ATen's fused op is the baseline, not under test (only its raises)
+            JUDGED[provider] += 1
             problems += [f"{provider}: {p}" for p in judge(got, eager, truth, case.judged_dtype(), baseline,
                                                            factor=case.factor, scales=scales)]
     return problems
@@ -457,7 +473,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=300.0, help="stop after this long (default 300)")
     ap.add_argument("--kernel", choices=sorted(GENERATORS), default=None, help="only this kernel")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--provider", action="append", default=None,
+                    help="judge only this provider (repeatable); `triton` without a GPU runs through "
+                         "Triton's CPU interpreter (TRITON_INTERPRET=1, set here before triton loads)")
     args = ap.parse_args(argv)
+    global ONLY
+    ONLY = set(args.provider) if args.provider else None
+    if ONLY and "triton" in ONLY and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' triton modules first load
+        from tests.kernels import interpreter_rounding
+        interpreter_rounding.install()  # fp32 -> bf16 rounds to nearest, as on the GPU
+        import numpy
+        numpy.seterr(all="ignore")  # the interpreter's numpy ops on planted NaN/Inf: judged, not logged
     # torch 2.13's oneDNN corrupts the heap on bf16 matmuls with k = 1 once its primitive cache
     # (1024 by default) evicts (tests/kernels/repro_onednn_bf16_k1.py). Our kernels avoid those
     # products; the eager references the cases are judged against do not, and a fuzz run draws far
@@ -472,6 +499,8 @@ def main(argv: Optional[list[str]] = None) -> int:
           + f"; oneDNN primitive cache {os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY']}", flush=True)
     out = run(seed, args.cases, args.seconds, args.kernel, log=lambda s: print(s, flush=True))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(out["per_kernel"].items()))
+    judged = ", ".join(f"{k} {v}" for k, v in sorted(JUDGED.items())) or "none"
+    print(f"fuzz: judged results of {judged} (cases a provider admitted, where eager ran)")
     print(f"fuzz: {out['cases']} cases in {out['seconds']:.0f} s ({counts}); {len(out['failures'])} failed")
     return 1 if out["failures"] else 0
 

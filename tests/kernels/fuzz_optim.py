@@ -22,6 +22,7 @@ from torch import nn
 
 import kernels
 from kernels.registry import KERNELS
+from tests.kernels import fuzz
 from tests.kernels.fuzz import EAGER_REFUSES, Draw, generator, judge
 
 SHAPES = ((), (1,), (0,), (2,), (7,), (3, 5), (17, 33), (64, 65), (2, 3, 4), (1000,), (4099,), (1, 129))
@@ -236,9 +237,8 @@ def _variants(case: OptCase) -> tuple[Callable, Optional[Callable], dict[str, Ca
     """(eager, baseline or None, {provider: ours}) optimizer factories for the case's kernel."""
     cls = getattr(kernels, case.kernel)
     spec = KERNELS["adamw_step" if case.kernel == "AdamW" else "lamb_step"]
-    providers = [p for p in spec.providers if p != "triton" or torch.cuda.is_available()]
-    if case.kernel == "AdamW":  # ours, not torch's loop (LAMB's reference provider is the eager run)
-        providers.append("reference")
+    # AdamW's reference provider is ours, not torch's loop; LAMB's is the eager run
+    providers = fuzz.providers_to_judge(spec.providers, ("reference",) if case.kernel == "AdamW" else ())
     ours = {p: (lambda groups, _p=p, **kw: cls(groups, provider=_p, **kw)) for p in providers}
     if case.kernel == "AdamW":
         return ((lambda groups, **kw: torch.optim.AdamW(groups, foreach=False, **kw)), FusedAdamWWhereItRuns, ours)
@@ -279,6 +279,7 @@ def check_optimizer_case(case: OptCase) -> list[str]:
             continue
         if provider == "aten":  # torch's own fused op, the baseline: held only to running (as in fuzz.py)
             continue
+        fuzz.JUDGED[provider] += 1
         for i, ((keys, o), (ekeys, e), (_, t)) in enumerate(zip(got, eager_of.get(provider, eager), truth)):
             if keys != ekeys:
                 problems.append(f"{provider}: param {i}: state keys {keys}, eager's {ekeys}")

@@ -221,7 +221,9 @@ REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def run_in_triton_interpreter(code: str, timeout_s: float = 300.0) -> str:
-    """Run Python `code` in a fresh process with TRITON_INTERPRET=1 (set before triton is imported).
+    """Run Python `code` in a fresh process with TRITON_INTERPRET=1 (set before triton is imported)
+    and the interpreter's fp32 -> bf16 cast rounding to nearest, as the GPU's does
+    (tests/kernels/interpreter_rounding.py).
 
     The interpreter flag must never leak into the test process (it changes provider probing for
     every later test), hence the subprocess. Returns stdout; a non-zero exit raises AssertionError
@@ -233,6 +235,7 @@ def run_in_triton_interpreter(code: str, timeout_s: float = 300.0) -> str:
 
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT),
                OMP_NUM_THREADS="1")
+    code = "from tests.kernels import interpreter_rounding\ninterpreter_rounding.install()\n" + code
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout_s)
     if proc.returncode != 0:

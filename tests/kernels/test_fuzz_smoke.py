@@ -2,10 +2,19 @@
 proof that its judge fails a wrong result. Long runs: `make fuzz`."""
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
 import torch
 
 import kernels
 from tests.kernels import fuzz
+from tests.kernels.numerics import REPO_ROOT, run_in_triton_interpreter
 
 
 def test_a_fixed_stretch_of_fuzz_cases_passes(cpu_provider) -> None:
@@ -83,3 +92,53 @@ def test_a_provider_that_raises_where_eager_runs_is_reported(monkeypatch) -> Non
 
     monkeypatch.setattr(kernels, "gelu", broken)
     assert any("cpu: raised RuntimeError: boom" in p for p in fuzz.check_case(case))
+
+
+TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+                            reason="needs triton and no GPU (on a GPU the compiled kernels are fuzzed)")
+
+
+@TRITON
+def test_a_fixed_stretch_of_triton_cases_passes_in_the_interpreter() -> None:
+    """`--provider triton` off a GPU: the Triton kernels judged through the CPU interpreter (with
+    its fp32 -> bf16 cast rounding as the GPU's), 150 fixed cases of every kernel."""
+    proc = subprocess.run([sys.executable, "-m", "tests.kernels.fuzz", "--provider", "triton", "--seed", "50000000",
+                           "--cases", "150"], cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+                          text=True, capture_output=True, timeout=600)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0 and "150 cases" in last and last.endswith("0 failed"), proc.stdout[-3000:] + proc.stderr[-3000:]
+    judged = re.search(r"judged results of (.*) \(", proc.stdout).group(1)
+    counts = dict(item.split() for item in judged.split(", "))
+    assert set(counts) == {"triton"} and int(counts["triton"]) >= 100, judged  # it ran, interpreted
+
+
+@TRITON
+def test_the_interpreter_rounds_fp32_to_bf16_to_nearest_even_once_installed() -> None:
+    """Triton's interpreter truncates fp32 -> bf16 (up to 1 ulp off); a GPU rounds to nearest
+    even. After install(), a kernel's cast and its bf16 store match torch's conversion bit for bit,
+    ties, NaN, infinities and 0-d values included; before it they do not (so the patch is needed)."""
+    out = run_in_triton_interpreter(
+        "import torch, triton, triton.language as tl\n"
+        "from triton.runtime import interpreter\n"
+        "@triton.jit\n"
+        "def k(X, Y, Z, S, N, BLOCK: tl.constexpr):\n"
+        "    c = tl.arange(0, BLOCK)\n"
+        "    m = c < N\n"
+        "    x = tl.load(X + c, mask=m)\n"
+        "    tl.store(Y + c, x, mask=m)\n"  # an implicit cast in the store
+        "    tl.store(Z + c, x.to(tl.bfloat16).to(tl.float32), mask=m)\n"
+        "    tl.store(S, tl.load(X).to(tl.bfloat16))\n"  # a scalar
+        "ties = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8), 3.0e38, 1e-40])\n"
+        "x = torch.cat([torch.randn(2000) * 7, ties, torch.tensor([float('nan'), float('inf'), -float('inf')])])\n"
+        "n = x.numel()\n"
+        "def run():\n"
+        "    y, z, s = torch.empty(n, dtype=torch.bfloat16), torch.empty(n), torch.empty(1, dtype=torch.bfloat16)\n"
+        "    k[(1,)](x, y, z, s, n, BLOCK=triton.next_power_of_2(n))\n"
+        "    ref = x.to(torch.bfloat16)\n"
+        "    return [int((a.view(torch.int16) != ref[:a.numel()].view(torch.int16)).sum()) for a in (y, z.to(torch.bfloat16), s)]\n"
+        "print(run())\n"
+        "interpreter.InterpreterBuilder.cast_impl = interpreter.InterpreterBuilder.cast_impl.__wrapped__\n"
+        "print(run())\n")
+    patched, truncating = (ast.literal_eval(line) for line in out.strip().splitlines())
+    assert patched == [0, 0, 0]
+    assert truncating[0] > 500 and truncating[1] > 500
