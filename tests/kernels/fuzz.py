@@ -476,6 +476,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--provider", action="append", default=None,
                     help="judge only this provider (repeatable); `triton` without a GPU runs through "
                          "Triton's CPU interpreter (TRITON_INTERPRET=1, set here before triton loads)")
+    ap.add_argument("--approximate-math", action="store_true",
+                    help="with --provider triton off a GPU: the interpreter's fp32 divide, sqrt, exp and log "
+                         "as inexact as sm_90's approximate instructions may be (interpreter_rounding.py)")
     args = ap.parse_args(argv)
     global ONLY
     ONLY = set(args.provider) if args.provider else None
@@ -483,6 +486,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' triton modules first load
         from tests.kernels import interpreter_rounding
         interpreter_rounding.install()  # fp32 -> bf16 rounds to nearest, as on the GPU
+        if args.approximate_math:
+            interpreter_rounding.install_approximate_math()
         import numpy
         numpy.seterr(all="ignore")  # the interpreter's numpy ops on planted NaN/Inf: judged, not logged
     # torch 2.13's oneDNN corrupts the heap on bf16 matmuls with k = 1 once its primitive cache

@@ -40,3 +40,70 @@ def install() -> None:
     cast_impl.__wrapped__ = truncating  # the interpreter's own (tests show it truncates)
     builder.cast_impl = cast_impl
     # fp_trunc and the other create_* casts are lambdas that look cast_impl up on self: patched too
+
+
+# What sm_90 compiles the kernels' fp32 math to (the PTX of every variant `tests/kernels/triton_aot.py`
+# compiles, 2026-12-05): `a / b` is div.full.f32 (2 ulp at most), `tl.sqrt` sqrt.approx(.ftz).f32,
+# `tl.exp(x)` ex2.approx(.ftz).f32 of x * log2(e) rounded to fp32 (so its relative error grows with
+# |x|), `tl.log` lg2.approx.f32 times ln 2. Only `tl.math.div_rn` / `sqrt_rn` are IEEE.
+APPROX_ULPS = {"div": 2, "sqrt": 1, "ex2": 2, "lg2": 2}
+_LOG2E, _LN2 = np.float32(1.4426950408889634), np.float32(0.6931471805599453)
+
+
+def _off_by_ulps(y: np.ndarray, exact: np.ndarray, ulps: int) -> np.ndarray:
+    """fp32 y moved `ulps` units away from zero wherever it is a normal number and not exact (the
+    worst the GPU's approximate instruction may return, in the same direction everywhere: a bias,
+    the hardest case for sums). `exact`: the float64 result, where fp32 holds it exactly (2^0 = 1,
+    x / 4) the result stays exact, as the hardware's does; zeros, subnormals, Inf, NaN stay too."""
+    y = np.asarray(y)
+    if y.dtype != np.float32 or ulps == 0:
+        return y
+    bits = y.view(np.int32)
+    mag = bits & np.int32(0x7FFFFFFF)
+    moved = (mag >= np.int32(0x00800000)) & (mag < np.int32(0x7F800000 - ulps)) & (y.astype(np.float64) != exact)
+    return np.where(moved, (bits + np.int32(ulps)).view(np.float32), y)  # sign-magnitude: + is away from 0
+
+
+def install_approximate_math(ulps: dict[str, int] | None = None) -> None:
+    """Make the interpreter's fp32 division, sqrt, exp and log as inexact as the GPU's instructions
+    may be (APPROX_ULPS, every result off by the most, away from zero), so that a kernel judged
+    against eager's error here is judged with the error it will have compiled. Not idempotent-safe
+    across different `ulps`: call once per process, after install()."""
+    from triton.runtime import interpreter
+
+    u = dict(APPROX_ULPS, **(ulps or {}))
+    builder = interpreter.InterpreterBuilder
+
+    def fp32(op):
+        def run(self, *args):
+            out = np.asarray(op(*(a.data for a in args)))
+            dtype = interpreter._get_np_dtype(args[0].dtype.scalar)
+            return interpreter.TensorHandle(out if out.dtype == dtype else out.astype(dtype), args[0].dtype.scalar)
+        return run
+
+    def approx(fn, ulps):  # fn in fp32 (numpy's, correctly rounded), then off by ulps unless exact
+        def run(*args):
+            y = fn(*args)
+            if y.dtype != np.float32:
+                return y
+            with np.errstate(all="ignore"):
+                exact = fn(*(np.asarray(a, dtype=np.float64) for a in args))
+            return _off_by_ulps(y, exact, ulps)
+        return run
+
+    div = approx(np.divide, u["div"])
+    sqrt = approx(np.sqrt, u["sqrt"])
+    exp2 = approx(np.exp2, u["ex2"])
+    log2 = approx(np.log2, u["lg2"])
+
+    def exp(a):  # ex2.approx of x * log2(e), the product rounded to fp32 first
+        return exp2((a * _LOG2E).astype(np.float32)) if a.dtype == np.float32 else np.exp(a)
+
+    def log(a):  # lg2.approx, times ln 2
+        return (log2(a) * _LN2).astype(np.float32) if a.dtype == np.float32 else np.log(a)
+
+    builder.create_fdiv = fp32(div)
+    builder.create_sqrt = fp32(sqrt)
+    builder.create_exp = fp32(exp)
+    builder.create_exp2 = fp32(exp2)
+    builder.create_log = fp32(log)
