@@ -49,9 +49,10 @@ fuzz: $(DEVSTAMP)
 	$(PY) -m tests.kernels.fuzz --seconds $${FUZZ_SECONDS:-600} $${FUZZ_SEED:+--seed $$FUZZ_SEED}
 
 # The same fuzzer on the Triton kernels alone: compiled on a GPU, else through Triton's CPU
-# interpreter (~7 cases a second here; 10 minutes; FUZZ_SECONDS, FUZZ_SEED).
+# interpreter (~6 cases a second here; 10 minutes; FUZZ_SECONDS, FUZZ_SEED, and FUZZ_ARGS, e.g.
+# --approximate-math).
 fuzz-triton: $(DEVSTAMP)
-	$(PY) -m tests.kernels.fuzz --provider triton --seconds $${FUZZ_SECONDS:-600} $${FUZZ_SEED:+--seed $$FUZZ_SEED}
+	$(PY) -m tests.kernels.fuzz --provider triton --seconds $${FUZZ_SECONDS:-600} $${FUZZ_SEED:+--seed $$FUZZ_SEED} $${FUZZ_ARGS}
 
 # Mutation fuzzing of trace ingestion and every analysis on the mutated traces (5 minutes;
 # FUZZ_SECONDS, FUZZ_SEED).

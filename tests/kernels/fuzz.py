@@ -9,7 +9,8 @@ planted NaN/Inf, broadcast masks with fully masked rows, GQA and seq-first RoPE 
 targets, smoothing, reductions and chunk sizes. Every provider a call admits (`cpu`, `aten`; not
 `triton` without a GPU) runs with poisoned outputs, forward and backward. `--provider triton`
 (`make fuzz-triton`) judges the Triton kernels alone; without a GPU through Triton's CPU
-interpreter, its fp32 -> bf16 cast made to round as the GPU's (tests/kernels/interpreter_rounding.py). Ours are judged by
+interpreter, its fp32 -> bf16 cast made to round as the GPU's, and with `--approximate-math` its
+fp32 math as inexact as the GPU's (tests/kernels/interpreter_rounding.py). Ours are judged by
 `judge` (numerics.assert_matches's protocol: error against float64 within 2x the larger of
 eager's and ATen's fused op's, non-finite positions as the truth's or eager's); ATen's own op is
 the baseline, held only to running where eager runs. Where eager raises, every provider must
@@ -44,7 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 
 import kernels
-from kernels.registry import KERNELS
+from kernels.registry import KERNELS, triton_interpreted
 from tests.kernels.numerics import (DTYPES, fwd_bwd, make, max_err, poisoned, to_f64, upstream_grad,
                                    with_nonfinite)
 
@@ -338,6 +339,7 @@ def draw_case(seed: int, kernel: Optional[str] = None) -> Case:
 
 ONLY: Optional[set[str]] = None  # --provider: judge only these providers (None: every one that runs)
 JUDGED: Counter = Counter()  # provider -> cases whose results it was judged on (it ran and eager ran)
+RUN_DEVICE = "cpu"  # the device type run() puts the cases on
 
 
 def providers_to_judge(spec_providers, extra: tuple[str, ...] = ()) -> list[str]:
@@ -347,11 +349,38 @@ def providers_to_judge(spec_providers, extra: tuple[str, ...] = ()) -> list[str]
     names = [*spec_providers, *extra]
     if ONLY is not None:
         return [p for p in names if p in ONLY or p == "aten"]
-    return [p for p in names if p != "triton" or torch.cuda.is_available()]
+    return [p for p in names if p != "triton" or RUN_DEVICE != "cpu" or triton_interpreted()]
 
 
 def _providers(name: str) -> list[str]:
     return providers_to_judge(KERNELS[name].providers)
+
+
+def on_device(x: Any, device: torch.device) -> Any:
+    """x (a tensor, or nested lists, tuples and dicts of them) on `device` with the same sizes,
+    strides and storage offset, so transposed and every-other-element views stay what they were
+    (`Tensor.to` makes a non-dense view contiguous). Other items unchanged."""
+    if isinstance(x, torch.Tensor):
+        if x.device == device:
+            return x
+        x = x.detach()
+        n = x.untyped_storage().nbytes() // x.element_size()
+        flat = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (n,), (1,))
+        return flat.to(device).as_strided(x.shape, x.stride(), x.storage_offset())
+    if isinstance(x, (list, tuple)):
+        return type(x)(on_device(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: on_device(v, device) for k, v in x.items()}
+    return x
+
+
+def case_on(case: Any, device: torch.device) -> Any:
+    """The case with its tensors on `device` (a kernel Case's inputs and kwargs; an optimizer run's
+    params and grads). Cases are drawn on the CPU, so a seed draws the same values everywhere."""
+    for name in ("inputs", "kwargs", "params", "steps"):
+        if hasattr(case, name):
+            setattr(case, name, on_device(getattr(case, name), device))
+    return case
 
 
 def _nonfinite_like(x: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -444,9 +473,13 @@ def check_case(case: Case) -> list[str]:
 
 
 def run(seed: int, cases: Optional[int], seconds: float, kernel: Optional[str] = None,
-        log: Callable[[str], None] = print) -> dict:
-    """Draw and check cases from `seed` on (case i uses seed + i) until `cases` or `seconds` run out.
-    Returns {"cases": n, "failures": [(seed, what, problems)], "per_kernel": {name: n}}."""
+        log: Callable[[str], None] = print, device: str = "cpu") -> dict:
+    """Draw and check cases from `seed` on (case i uses seed + i) until `cases` or `seconds` run out,
+    each run on `device`. Returns {"cases": n, "failures": [(seed, what, problems)], "per_kernel":
+    {name: n}}."""
+    global RUN_DEVICE
+    RUN_DEVICE = torch.device(device).type
+    flags = "".join(f" --provider {p}" for p in sorted(ONLY or ())) + (f" --device {device}" if device != "cpu" else "")
     t0, i = time.perf_counter(), 0
     failures, per_kernel = [], {}
     while (cases is None or i < cases) and time.perf_counter() - t0 < seconds:
@@ -454,12 +487,12 @@ def run(seed: int, cases: Optional[int], seconds: float, kernel: Optional[str] =
         case = draw_case(case_seed, kernel)
         per_kernel[case.kernel] = per_kernel.get(case.kernel, 0) + 1
         try:
-            problems = case.check()
+            problems = case_on(case, torch.device(device)).check()
         except Exception:  # noqa: BLE001 - a broken case is reported, never ends the run
             problems = ["harness: " + traceback.format_exc().strip().splitlines()[-1]]
         if problems:
             failures.append((case_seed, case.what, problems))
-            log(f"FAIL --seed {case_seed} --cases 1: {case.what}")
+            log(f"FAIL --seed {case_seed} --cases 1{flags}: {case.what}")
             for p in problems:
                 log(f"    {p}")
         i += 1
@@ -476,13 +509,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--provider", action="append", default=None,
                     help="judge only this provider (repeatable); `triton` without a GPU runs through "
                          "Triton's CPU interpreter (TRITON_INTERPRET=1, set here before triton loads)")
+    ap.add_argument("--device", default="cpu",
+                    help="run the cases on this device (e.g. cuda: the compiled Triton kernels; default cpu)")
     ap.add_argument("--approximate-math", action="store_true",
                     help="with --provider triton off a GPU: the interpreter's fp32 divide, sqrt, exp and log "
                          "as inexact as sm_90's approximate instructions may be (interpreter_rounding.py)")
     args = ap.parse_args(argv)
     global ONLY
     ONLY = set(args.provider) if args.provider else None
-    if ONLY and "triton" in ONLY and not torch.cuda.is_available():
+    interpret = bool(ONLY) and "triton" in ONLY and torch.device(args.device).type == "cpu"
+    if args.approximate_math and not interpret:
+        ap.error("--approximate-math models the GPU in Triton's interpreter: it needs --provider triton "
+                 "and --device cpu")
+    if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' triton modules first load
         from tests.kernels import interpreter_rounding
         interpreter_rounding.install()  # fp32 -> bf16 rounds to nearest, as on the GPU
@@ -502,7 +541,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"fuzz: seed {seed}; providers off here: "
           + (", ".join(f"{k} ({v})" for k, v in unavailable.items() if v) or "none")
           + f"; oneDNN primitive cache {os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY']}", flush=True)
-    out = run(seed, args.cases, args.seconds, args.kernel, log=lambda s: print(s, flush=True))
+    out = run(seed, args.cases, args.seconds, args.kernel, log=lambda s: print(s, flush=True), device=args.device)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(out["per_kernel"].items()))
     judged = ", ".join(f"{k} {v}" for k, v in sorted(JUDGED.items())) or "none"
     print(f"fuzz: judged results of {judged} (cases a provider admitted, where eager ran)")

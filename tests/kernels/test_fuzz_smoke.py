@@ -160,3 +160,26 @@ def test_the_interpreter_rounds_fp32_to_bf16_to_nearest_even_once_installed() ->
     patched, truncating = (ast.literal_eval(line) for line in out.strip().splitlines())
     assert patched == [0, 0, 0]
     assert truncating[0] > 500 and truncating[1] > 500
+
+
+def test_cases_move_to_a_device_with_their_layouts() -> None:
+    """`--device`: a case's tensors keep sizes, strides and storage offsets on the other device (a
+    transposed or every-other-element view stays one: Tensor.to would make it contiguous), values
+    too; an optimizer run's params and grads move as well."""
+    x = torch.arange(24.0).reshape(4, 6)[:, ::2]  # not dense
+    t = torch.arange(12.0).reshape(3, 4).t()[1:]  # transposed, offset
+    for src in (x, t):
+        meta = fuzz.on_device(src, torch.device("meta"))
+        assert (meta.device.type, meta.shape, meta.stride(), meta.storage_offset()) == \
+            ("meta", src.shape, src.stride(), src.storage_offset())
+        same = fuzz.on_device(src, torch.device("cpu", 0))  # another device object: the same path
+        assert same.stride() == src.stride() and torch.equal(same, src)
+    moved = fuzz.on_device({"a": [x, (t, None)], "b": 3}, torch.device("meta"))
+    assert moved["a"][0].is_meta and moved["a"][1][0].is_meta and moved["a"][1][1] is None and moved["b"] == 3
+    for seed, kernel in ((5, "layer_norm"), (3, "AdamW")):
+        case = fuzz.case_on(fuzz.draw_case(seed, kernel), torch.device("meta"))
+        tensors = [v for v in (*getattr(case, "inputs", ()), *getattr(case, "params", ()))
+                   if isinstance(v, torch.Tensor)]
+        assert tensors and all(v.is_meta for v in tensors)
+        if kernel == "AdamW":
+            assert all(g is None or g[0].is_meta for step in case.steps for g in step)
