@@ -33,7 +33,7 @@ def install() -> None:
             return interpreter.TensorHandle(bits, dst_type.scalar)
         if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:  # exact: the bits, shifted
             bits = np.array(src.data, dtype=np.uint16).astype(np.uint32) << np.uint32(16)
-            return interpreter.TensorHandle(bits.view(np.float32), dst_type.scalar)
+            return interpreter.TensorHandle(np.asarray(bits).view(np.float32), dst_type.scalar)
         return truncating(self, src, dst_type)
 
     cast_impl.rounds_to_nearest = True
