@@ -117,12 +117,12 @@ def test_a_fixed_stretch_of_triton_cases_passes_in_the_interpreter(math: str) ->
 
 
 def test_the_approximate_math_model_moves_only_inexact_normal_results() -> None:
-    """What install_approximate_math does to a result: k ulps away from zero where fp32 could not
-    hold it exactly; exact results (1, x / 4), zeros, subnormals, Inf and NaN stay."""
+    """What install_approximate_math does to a result: k ulps away from zero unless the hardware
+    returns it exactly (2^0 = 1, x / 4); zeros, subnormals, Inf and NaN stay."""
     from tests.kernels.interpreter_rounding import _off_by_ulps
 
     y = np.array([1.0, 1 / 3, -2 / 3, 0.25, 0.0, 1e-40, np.inf, -np.inf, np.nan, -1e30], dtype=np.float32)
-    exact = np.array([1.0, 1 / 3, -2 / 3, 0.25, 0.0, 1e-40, np.inf, -np.inf, np.nan, -1e30 * (1 + 1e-12)])
+    exact = np.array([True, False, False, True] + [False] * 6)  # zeros ... NaN stay whatever it says
     out = _off_by_ulps(y, exact, 2)
     steps = out.view(np.int32).astype(np.int64) - y.view(np.int32).astype(np.int64)
     assert steps.tolist() == [0, 2, 2, 0, 0, 0, 0, 0, 0, 2]  # the magnitude bits, either sign
