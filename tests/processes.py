@@ -9,7 +9,7 @@ def gone(pid: int) -> bool:
     """True when process `pid` no longer runs: it is gone, or dead and not yet reaped (a zombie)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or vanishing while read (ESRCH)
         return True
 
 

@@ -348,9 +348,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels' triton modules first load
         from tests.kernels import interpreter_rounding
-        interpreter_rounding.install()  # fp32 -> bf16 rounds to nearest, as on the GPU
-        if args.approximate_math:
-            interpreter_rounding.install_approximate_math()
+        interpreter_rounding.install(approximate=args.approximate_math)  # the GPU's casts (and math)
         import warnings
 
         import numpy

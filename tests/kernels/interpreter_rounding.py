@@ -16,11 +16,14 @@ import numpy as np
 import torch
 
 
-def install() -> None:
-    """Patch the interpreter's cast (idempotent). Call before running interpreted kernels."""
+def install(approximate: bool = False) -> None:
+    """Patch the interpreter's casts (idempotent), and with `approximate` its fp32 math too
+    (install_approximate_math). Call before running interpreted kernels."""
     import triton.language as tl
     from triton.runtime import interpreter
 
+    if approximate:
+        install_approximate_math()
     builder = interpreter.InterpreterBuilder
     if getattr(builder.cast_impl, "rounds_to_nearest", False):
         return
@@ -69,8 +72,8 @@ def _off_by_ulps(y: np.ndarray, exact, ulps: int) -> np.ndarray:
 def install_approximate_math(ulps: dict[str, int] | None = None) -> None:
     """Make the interpreter's fp32 division, sqrt, exp and log as inexact as the GPU's instructions
     may be (APPROX_ULPS, every inexact result off by the most, away from zero), so that a kernel
-    judged against eager's error here is judged with the error it will have compiled. Call once
-    per process, after install()."""
+    judged against eager's error here is judged with the error it will have compiled (idempotent:
+    each call sets the same functions; `install(approximate=True)` calls it)."""
     from triton.runtime import interpreter
 
     u = dict(APPROX_ULPS, **(ulps or {}))

@@ -235,9 +235,8 @@ def run_in_triton_interpreter(code: str, timeout_s: float = 300.0) -> str:
 
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT),
                OMP_NUM_THREADS="1")
-    code = ("from tests.kernels import interpreter_rounding\ninterpreter_rounding.install()\n"
-            + ("interpreter_rounding.install_approximate_math()\n"
-               if os.environ.get("FUSIONLENS_INTERPRETER_MATH") == "approximate" else "") + code)
+    approximate = os.environ.get("FUSIONLENS_INTERPRETER_MATH") == "approximate"
+    code = f"from tests.kernels import interpreter_rounding\ninterpreter_rounding.install({approximate})\n{code}"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout_s)
     if proc.returncode != 0:
