@@ -379,7 +379,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 from tests.kernels import fuzz_kernels, fuzz_optim  # noqa: E402,F401
 
 if __name__ == "__main__":
-    # Run this module's imported copy, the one fuzz_optim registered its generators into.
+    # Run this module's imported copy, the one fuzz_kernels and fuzz_optim registered into.
     from tests.kernels import fuzz as _fuzz
 
     sys.exit(_fuzz.main())
