@@ -9,6 +9,9 @@ Variants, each run in its own fresh subprocess so peak RSS is that variant's alo
 - `duckdb.read_json`: the other columnar approach measured for the design (same kept fields)
 - `hta.TraceAnalysis`: HolisticTraceAnalysis, in its own venv under benchmarks/.cache (it needs
   pandas < 3); skipped with a printed reason when that venv cannot be made.
+- `fusionlens.float_ts` (with `--float-ts`): `load_trace` with every `ts` parsed as float64, as
+  before exact epoch timestamps; on an epoch-µs trace (`--source hta_v100_ns_resolution_rank-0...`)
+  this is what keeping the timestamps exact costs.
 
 Cheap variants run interleaved for `--rounds` rounds and the slow ones for `--slow-rounds`; ratios
 are computed round by round against `fusionlens` in the same round. Wall time, CPU time (robust on
@@ -17,6 +20,8 @@ a shared machine), MB/s of uncompressed JSON and peak RSS are reported and appen
 a real trace and cached in `benchmarks/.cache/`.
 
     .venv/bin/python benchmarks/bench_ingest.py [--target-mb 500] [--rounds 3] [--one-gb]
+    .venv/bin/python benchmarks/bench_ingest.py --source hta_v100_ns_resolution_rank-0.pt.trace.json.gz \
+        --float-ts --target-mb 200 --rounds 5 --slow-rounds 0 --no-hta     # exact epoch timestamps
 """
 from __future__ import annotations
 
@@ -58,6 +63,11 @@ def child_cpu():
     return ru.ru_utime + ru.ru_stime
 if variant == "fusionlens":
     from profiler.trace import load_trace
+    def run():
+        return len(load_trace(path).events)
+elif variant == "fusionlens.float_ts":
+    from profiler.trace import decode, load_trace
+    decode.ts_base = lambda view: None  # never exact: ts parsed as float64 (workers follow the caller)
     def run():
         return len(load_trace(path).events)
 elif variant == "json.loads":
@@ -121,20 +131,21 @@ def duckdb_query(path: str) -> str:
             f"maximum_object_size=4000000000)) WHERE e.ph = 'X'")
 
 
-def source_trace() -> Path:
+def source_trace(name: str = SOURCE_NAME) -> Path:
     for d in TRACE_DIRS:
-        if (d / SOURCE_NAME).is_file():
-            return d / SOURCE_NAME
-    raise SystemExit(f"cannot find {SOURCE_NAME} in {', '.join(map(str, TRACE_DIRS))}")
+        if (d / name).is_file():
+            return d / name
+    raise SystemExit(f"cannot find {name} in {', '.join(map(str, TRACE_DIRS))}")
 
 
-def big_trace(target_mb: float) -> Path:
+def big_trace(target_mb: float, source: str = SOURCE_NAME) -> Path:
     """The cached tiled trace (in its own directory, which is what HTA's TraceAnalysis reads)."""
-    out = CACHE / f"big_{int(target_mb)}mb" / "rank0.json"
+    tag = "" if source == SOURCE_NAME else "_" + source.split(".")[0]
+    out = CACHE / f"big_{int(target_mb)}mb{tag}" / "rank0.json"
     if not out.exists():
         t = time.perf_counter()
-        copies, n = make_big_trace(source_trace(), out, target_bytes=int(target_mb * 1e6))
-        print(f"made {out} ({copies} copies of {SOURCE_NAME}, {n / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s")
+        copies, n = make_big_trace(source_trace(source), out, target_bytes=int(target_mb * 1e6))
+        print(f"made {out} ({copies} copies of {source}, {n / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s")
     return out
 
 
@@ -185,12 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--one-gb", action="store_true", help="also time fusionlens once on a ~1 GB trace")
     ap.add_argument("--timeout-s", type=float, default=600.0)
+    ap.add_argument("--source", default=SOURCE_NAME, help="the real trace (tests/data/traces) to tile")
+    ap.add_argument("--float-ts", action="store_true", help="also time fusionlens.float_ts (see above)")
     a = ap.parse_args(argv)
 
-    path = big_trace(a.target_mb)
+    path = big_trace(a.target_mb, a.source)
     size_mb = path.stat().st_size / 1e6
     print(f"trace: {path} ({size_mb:.0f} MB)\nmachine: {machine()}")
-    fast = ["fusionlens", "json.loads", "orjson.loads"]
+    fast = ["fusionlens", *(["fusionlens.float_ts"] if a.float_ts else []), "json.loads", "orjson.loads"]
     slow = ["json.loads+DataFrame", "duckdb.read_json"]
     pythons = {v: Path(sys.executable) for v in fast + slow}
     if not a.no_hta:
@@ -224,7 +237,7 @@ def _ratio(results: dict, base: str, other: str, key: str) -> tuple[float, float
 def report(results: dict, size_mb: float, path: Path, a: argparse.Namespace) -> None:
     table, rows = [], []
     shape = f"{size_mb:.0f}MB_json"
-    notes = f"src={SOURCE_NAME}; fresh subprocess per run; load1={os.getloadavg()[0]:.2f}"
+    notes = f"src={a.source}; fresh subprocess per run; load1={os.getloadavg()[0]:.2f}"
     for v, runs in results.items():
         if not runs:
             continue

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 import numpy as np
@@ -72,6 +72,7 @@ MEMORY_ARGS = (("device_type", "device_type"), ("device_id", "device_id"), ("byt
                ("addr", "addr"))
 CODED_COLUMNS = frozenset({"name"} | {c for c, _, vt, _ in ARG_COLUMNS if vt in ("str", "json")})
 _DEFAULT = {"int": MISSING, "float": NAN, "str": None, "json": EMPTY_RAW, "dim3": None}
+MAX_TS_TEXT = 64  # bytes: longer `ts` texts (no plain number is) are read one by one
 _SEP = "\x1e"  # never inside a JSON text (raw control characters are invalid JSON)
 _SEP_B = _SEP.encode()
 
@@ -118,6 +119,13 @@ class Accumulator:
     vocab: dict[str, dict[str, int]] = field(default_factory=dict)  # coded column -> text -> code
     id_cache: dict[str, int] = field(default_factory=dict)
     n_rows: int = 0
+    ts_base: Optional[int] = None  # None: ts decoded as float64; else events are ExactEvents, ts - ts_base
+
+    def ts(self, objs: list) -> np.ndarray:
+        """float64 `ts` of the decoded events: as decoded, or exact offsets from `ts_base`."""
+        if self.ts_base is None:
+            return floats(objs, _TS)
+        return exact_ts(list(map(_TS, objs)), self.ts_base)
 
     def add(self, table: dict[str, Growable], col: str, piece: np.ndarray) -> None:
         if col in table:
@@ -163,6 +171,40 @@ def floats(objs: list, get: Any) -> np.ndarray:
     except (TypeError, ValueError):
         vals = objs if get is None else map(get, objs)
         return np.fromiter((v if type(v) in (int, float) else np.nan for v in vals), np.float64, len(objs))
+
+
+def exact_ts(texts: list, base: int) -> np.ndarray:
+    """float64 value - `base` of each JSON number text (msgspec.Raw or bytes), exact to the
+    nanosecond for epoch-µs timestamps: the integer part is subtracted as int64 before any rounding,
+    the fraction (up to 9 digits) added after. NaN where the text is no JSON number (missing, a
+    string, null); exponent forms go through float() (as exact as float64 is there)."""
+    n = len(texts)
+    if n == 0:
+        return np.empty(0)
+    short = texts
+    long_ = np.fromiter(map(len, texts), np.int64, n) > MAX_TS_TEXT
+    if long_.any():  # a damaged file's 4 MB string would widen every row of the fixed-width array
+        short = [b"" if far else t for t, far in zip(texts, long_.tolist())]
+    arr = np.array(_SEP_B.join(short).split(_SEP_B))  # fixed-width bytes, one C pass
+    whole, dot, frac = np.strings.partition(arr, b".")
+    neg = np.strings.startswith(whole, b"-")
+    digits = np.where(neg, np.strings.lstrip(whole, b"-"), whole)
+    plain = (np.strings.isdigit(digits) & (np.strings.str_len(digits) <= 18)
+             & ((dot == b"") | np.strings.isdigit(frac)))
+    frac = frac.astype("S9")  # beyond 9 digits (sub-femtosecond): cut
+    k = np.strings.str_len(frac)
+    ints_ = np.where(plain, whole, b"0").astype(np.int64)
+    fracs = np.where(plain & (k > 0), frac, b"0").astype(np.int64)
+    out = (ints_ - base).astype(np.float64) + np.where(neg, -fracs, fracs) / 10.0 ** k
+    odd = ~plain
+    if odd.any():
+        out[odd] = np.nan
+        for i in np.flatnonzero(odd & ((np.strings.str_len(arr) > 0) | long_)).tolist():
+            try:  # 1.7e15, or 19+ integer digits: float64 is the best there is
+                out[i] = float(bytes(texts[i])) - base
+            except ValueError:  # a string, null, true, an object: no number
+                pass
+    return out
 
 
 def ids(objs: list, get: Any, cache: dict[str, int]) -> np.ndarray:
@@ -239,7 +281,7 @@ def _take(seq: list, idx: np.ndarray) -> list:
 
 def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipped: Counter) -> None:
     rows = _take(evs, idx)
-    ts, dur = floats(rows, _TS), floats(rows, _DUR)
+    ts, dur = acc.ts(rows), floats(rows, _DUR)
     names = list(map(_NAME, rows))
     ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < ABSURD_US) & (dur < ABSURD_US)
     name_ok = set(map(type, names)) == {str}
@@ -291,7 +333,7 @@ def _rows(evs: list, idx: np.ndarray, kinds: np.ndarray, acc: Accumulator, skipp
 
 def _flows(evs: list, idx: np.ndarray, codes: np.ndarray, acc: Accumulator, skipped: Counter) -> None:
     objs = _take(evs, idx)
-    ts, fid = floats(objs, _TS), ints(objs, _ID)
+    ts, fid = acc.ts(objs), ints(objs, _ID)
     ok = np.isfinite(ts) & (fid != MISSING)
     if not ok.all():
         skipped[R_FLOW] += int((~ok).sum())
@@ -308,7 +350,7 @@ def _memory(evs: list, idx: np.ndarray, acc: Accumulator) -> None:
     objs = [evs[i] for i in idx.tolist() if evs[i].name == "[memory]"]
     if not objs:
         return
-    ts = floats(objs, _TS)
+    ts = acc.ts(objs)
     keep = np.flatnonzero(np.isfinite(ts))
     objs = [objs[i] for i in keep.tolist()]
     args = [a if a is not None else EMPTY_ARGS for a in map(_ARGS, objs)]
@@ -340,6 +382,7 @@ def _counter_events(chunk: bytes) -> list:
 
 def _counters(chunk: bytes, acc: Accumulator) -> None:
     events = _counter_events(chunk)
+    base = acc.ts_base or 0  # counter samples keep float64 ts (ms-rate samples: 0.25 µs is nothing)
     for ev in events:
         if ev.ph != "C" or not isinstance(ev.args, dict) or not isinstance(ev.name, str):
             continue
@@ -349,7 +392,7 @@ def _counters(chunk: bytes, acc: Accumulator) -> None:
         numeric = {k: v for k, v in ev.args.items() if type(v) in (int, float)}
         for key, value in numeric.items():
             series = ev.name if len(numeric) == 1 else f"{ev.name}.{key}"
-            acc.counters.append((float(ev.ts), device, series, float(value)))
+            acc.counters.append((float(ev.ts) - base, device, series, float(value)))
 
 
 def _metadata(evs: list, idx: np.ndarray, acc: Accumulator) -> None:

@@ -165,8 +165,8 @@ def _receive(fh: BinaryIO) -> Any:
 
 def serve() -> None:
     """Worker main: read one task from stdin, decode it, write the result to stdout."""
-    path, spans, capacity = pickle.loads(sys.stdin.buffer.read())
-    _send(sys.stdout.buffer, decode_file_spans(path, spans, capacity))
+    path, spans, capacity, base = pickle.loads(sys.stdin.buffer.read())
+    _send(sys.stdout.buffer, decode_file_spans(path, spans, capacity, base))
 
 
 def _export(acc: C.Accumulator) -> dict[str, Any]:
@@ -178,9 +178,11 @@ def _export(acc: C.Accumulator) -> dict[str, Any]:
             "process_names": acc.process_names, "thread_names": acc.thread_names, "n_rows": acc.n_rows}
 
 
-def decode_file_spans(path: str, spans: list[tuple[int, int]], capacity: int) -> tuple[dict, Counter, int]:
-    """Worker: decode `spans` (absolute byte offsets) of the file at `path` into columns."""
-    acc, skipped = C.Accumulator(capacity=capacity), Counter()
+def decode_file_spans(path: str, spans: list[tuple[int, int]], capacity: int,
+                      ts_base: int | None = None) -> tuple[dict, Counter, int]:
+    """Worker: decode `spans` (absolute byte offsets) of the file at `path` into columns (`ts`
+    relative to the caller's `ts_base` when it decodes exact timestamps)."""
+    acc, skipped = C.Accumulator(capacity=capacity, ts_base=ts_base), Counter()
     with open(path, "rb") as fh:
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     view = memoryview(mm)
@@ -252,7 +254,7 @@ def decode_parallel(view: memoryview, base: int, path: str, procs: list[subproce
     runs = _split(spans, len(procs) + 1)
     for proc, run in zip(procs, runs[1:]):
         cap = max(1 << 12, sum(b - a for a, b in run) // 250)
-        proc.stdin.write(pickle.dumps((path, [(base + a, base + b) for a, b in run], cap)))
+        proc.stdin.write(pickle.dumps((path, [(base + a, base + b) for a, b in run], cap, acc.ts_base)))
         proc.stdin.close()
     watchdogs = [threading.Timer(WATCHDOG_MIN_S + WATCHDOG_S_PER_BYTE * sum(b - a for a, b in run), proc.kill)
                  for proc, run in zip(procs, runs[1:])]

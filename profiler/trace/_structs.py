@@ -80,6 +80,14 @@ class Event(msgspec.Struct, gc=False):
     args: Optional[Args] = None
 
 
+class ExactEvent(Event, gc=False):
+    """An Event whose `ts` is kept as its JSON text, for traces whose timestamps float64 cannot
+    hold to the nanosecond (Unix-epoch µs with a fraction, ~1.7e15: float64 steps by 0.25 µs
+    there). `_columns.exact_ts` turns the texts into exact offsets from the file's `ts_base`."""
+
+    ts: msgspec.Raw = EMPTY_RAW
+
+
 class CounterEvent(msgspec.Struct, gc=False):
     """A `ph: C` counter sample: every numeric arg is one series."""
 
@@ -124,6 +132,8 @@ SETTING_KEYS = ("record_shapes", "with_flops", "with_stack", "with_modules", "pr
 
 EVENTS_DECODER = msgspec.json.Decoder(list[Event])
 EVENT_DECODER = msgspec.json.Decoder(Event)
+EXACT_EVENTS_DECODER = msgspec.json.Decoder(list[ExactEvent])
+EXACT_EVENT_DECODER = msgspec.json.Decoder(ExactEvent)
 RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 COUNTERS_DECODER = msgspec.json.Decoder(list[CounterEvent])
 COUNTER_DECODER = msgspec.json.Decoder(CounterEvent)

@@ -10,6 +10,11 @@ wrongly typed event falls back to per-event decoding, which skips and counts the
 A large plain `.json` file (>= 64 MiB, several CPUs) skips the whole-document pass and is decoded
 by several processes over the same chunks (`_parallel`); the output is the serial one exactly, and
 anything unexpected there (an invalid chunk, a worker failing) makes it decode serially instead.
+
+Timestamps that float64 cannot hold to the nanosecond (Unix-epoch µs with a fraction, as some
+Kineto versions write: 1712195495519689.047, where float64 steps by 0.25 µs) are found by a look
+at the first MiB (`ts_base`); such a file is decoded with `ExactEvent`s, whose `ts` stays text and
+becomes an exact offset from the file's `ts_base` (`_columns.exact_ts`).
 """
 from __future__ import annotations
 
@@ -17,20 +22,24 @@ import mmap
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 import numpy as np
 
 from profiler.trace import _columns as C
-from profiler.trace._structs import (DOC_DECODER, EVENT_DECODER, EVENTS_DECODER, RAW_LIST_DECODER,
-                                     SETTING_KEYS, VERSION_KEYS)
+from profiler.trace._structs import (DOC_DECODER, EVENT_DECODER, EVENTS_DECODER, EXACT_EVENT_DECODER,
+                                     EXACT_EVENTS_DECODER, RAW_LIST_DECODER, SETTING_KEYS, VERSION_KEYS)
 from profiler.trace.model import NotATraceError, TraceError
 from profiler.trace.sources import Payload
 
 CHUNK_BYTES = 4 << 20  # small enough that a chunk's Structs stay in cache across column passes
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
 _WS = b" \t\r\n"
+_FRACTIONAL_TS = re.compile(rb'"ts"\s*:\s*(-?\d+)\.\d')
+EXACT_FROM_US = 1 << 42  # from 2**42 µs (51 days) on, float64's step exceeds 1 ns: keep the text
+SNIFF_BYTES = 1 << 20
+_DECODERS = {False: (EVENTS_DECODER, EVENT_DECODER), True: (EXACT_EVENTS_DECODER, EXACT_EVENT_DECODER)}
 
 
 @dataclass
@@ -89,16 +98,28 @@ def _next_split(view: memoryview, stop: int, end_arr: int) -> int:
     return m.start() + 1 if m else end_arr
 
 
-def _decode_chunk(chunk: bytes, skipped: Counter) -> list:
+def ts_base(view: Any) -> Optional[int]:
+    """The integer part of the first fractional `ts` in the first MiB of the events array when
+    float64 cannot hold such timestamps to the nanosecond (|ts| >= 2**42 µs), else None. Absurd
+    ones (beyond int64 ns, skipped as rows anyway) are passed over: int64 arithmetic on them fails."""
+    for m in _FRACTIONAL_TS.finditer(view[:SNIFF_BYTES]):
+        whole = int(m.group(1))
+        if EXACT_FROM_US <= abs(whole) < C.ABSURD_US:
+            return whole
+    return None
+
+
+def _decode_chunk(chunk: bytes, skipped: Counter, exact: bool = False) -> list:
     """Typed decode; on a type error, decode event by event and count the ones that fail."""
+    events_decoder, event_decoder = _DECODERS[exact]
     try:
-        return EVENTS_DECODER.decode(chunk)
+        return events_decoder.decode(chunk)
     except msgspec.ValidationError:
         pass
     good = []
     for raw in RAW_LIST_DECODER.decode(chunk):
         try:
-            good.append(EVENT_DECODER.decode(raw))
+            good.append(event_decoder.decode(raw))
         except msgspec.ValidationError as exc:
             msg = str(exc)
             where = msg.rsplit(" - at `", 1)
@@ -150,7 +171,7 @@ def decode_spans(view: memoryview, spans: Any, acc: C.Accumulator, skipped: Coun
     for cur, stop in spans:
         chunk = _chunk_bytes(view, cur, stop)
         try:
-            events = _decode_chunk(chunk, skipped)
+            events = _decode_chunk(chunk, skipped, acc.ts_base is not None)
         except msgspec.DecodeError:
             raise Unaligned(f"chunk at byte {cur} does not decode on its own") from None
         total += len(events)
@@ -161,7 +182,7 @@ def decode_spans(view: memoryview, spans: Any, acc: C.Accumulator, skipped: Coun
     return total
 
 
-def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: Any):
+def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: Any, exact: bool):
     """Decode the events array chunk by chunk, widening chunks whose split was not a boundary."""
     end_arr = array_end(view)
     cur = 1
@@ -170,7 +191,7 @@ def _iter_event_lists(view: memoryview, label: str, skipped: Counter, release: A
         while True:
             chunk = _chunk_bytes(view, cur, stop)
             try:
-                events = _decode_chunk(chunk, skipped)
+                events = _decode_chunk(chunk, skipped, exact)
                 break
             except msgspec.DecodeError as exc:
                 if stop >= end_arr:
@@ -265,6 +286,7 @@ def _decode(payload: Payload, procs: list) -> FileData:
             doc, start, end = located
             view = memoryview(payload.mm)[start:end + 1]
             acc, skipped = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250)), Counter()
+            acc.ts_base = ts_base(view)
             try:
                 total = P.decode_parallel(view, start, payload.path, procs, acc, skipped,
                                           _releaser(payload, view), plan_chunks(view))
@@ -282,12 +304,13 @@ def _decode_serial(payload: Payload) -> FileData:
     meta = _file_meta(doc)
     del doc
     acc, skipped, total = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250)), Counter(), 0  # ~250 B/row
+    acc.ts_base = ts_base(view)
     release = _releaser(payload, view)
     if release is not None and payload.file_backed:
         # A mapped file's pages (all touched by the validation pass) can all go now: they are
         # re-read from the page cache; decompressed data is handed back only once consumed.
         payload.mm.madvise(mmap.MADV_DONTNEED)
-    for events, chunk in _iter_event_lists(view, payload.label, skipped, release):
+    for events, chunk in _iter_event_lists(view, payload.label, skipped, release, acc.ts_base is not None):
         total += len(events)
         C.process_chunk(events, chunk, acc, skipped)
     del view

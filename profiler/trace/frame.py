@@ -36,6 +36,17 @@ class FileFrame:
     meta: dict[str, Any]
     skipped: Any
     unbound_flows: int
+    ts_base: int = 0  # µs: every ts here counts from it (nonzero for exact epoch timestamps)
+
+    def rebase(self, base: int) -> None:
+        """Count every ts from `base` instead (exact while the two bases are close)."""
+        shift = float(self.ts_base - base)
+        if shift:
+            self.cols["ts"] = self.cols["ts"] + shift
+            if "ts" in self.memory:
+                self.memory["ts"] = self.memory["ts"] + shift
+            self.counters = [(ts + shift, *rest) for ts, *rest in self.counters]
+        self.ts_base = base
 
     @property
     def n(self) -> int:

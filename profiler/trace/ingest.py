@@ -68,7 +68,8 @@ def _file_frame(fd: FileData) -> FileFrame:
     cols["step"] = links.assign_steps(kind, cols["name"], vocab.get("name", []), cols["ts"], cols["dur"],
                                       cols["correlation"])
     memory = {k: v.array() for k, v in acc.memory.items()}
-    return FileFrame(fd.label, cols, sparse, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound)
+    return FileFrame(fd.label, cols, sparse, vocab, memory, acc.counters, fd.meta, fd.skipped, unbound,
+                     acc.ts_base or 0)
 
 
 MAX_RANK = 2**31 - 1  # the `rank` column is int32
@@ -177,10 +178,15 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
             more = f" (and {len(passed_over) - 1} more such file(s))" if len(passed_over) > 1 else ""
             raise TraceError(f"{passed_over[0]}{more}; no trace found" if passed_over else "no trace found")
         ranks = _assign_ranks(frames, rank)
+        # One clock for all files: the earliest base of the files with exact epoch timestamps (0
+        # when none has): their ts stay exact; float64 files move onto it (integers: exactly).
+        base = min((f.ts_base for f in frames if f.ts_base), default=0)
+        for f in frames:
+            f.rebase(base)
         t0 = min(f.min_ts() for f in frames)
         t0 = 0.0 if not np.isfinite(t0) else t0
         rank_ids = [r for r, _ in ranks]
-        meta = _meta(frames, ranks, t0)
+        meta = _meta(frames, ranks, base + t0)
         meta["passed_over_files"] = passed_over
         memory = memory_frame(frames, rank_ids, t0)
         counters = counters_frame(frames, rank_ids, t0)

@@ -22,7 +22,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import pytest
 
 HOST_PID = 4242
 HOST_TID = 11
@@ -173,12 +172,6 @@ def load(traces: Iterable[SynthTrace] | SynthTrace, directory: Path, stem: str =
 # ---- the real traces in tests/data/traces, loaded once per test process --------------------------
 TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
 REAL_TRACES: tuple[str, ...] = tuple(sorted(p.name for p in TRACES_DIR.glob("*.json.gz")))
-# For exact comparisons with the raw JSON. Found while writing the analysis tests: the loader keeps
-# the ns-resolution trace's 1.7e15 µs timestamps as float64 before subtracting t0, so its ts_us
-# are multiples of 0.25 µs and sums of many gaps drift by ~0.05 µs. Marked, not hidden.
-_NS_LOSSY = pytest.mark.xfail(reason="loader quantizes ns-resolution ts to 0.25 µs (float64 parse of 1.7e15 µs)",
-                              strict=False)
-EXACT_TRACES = [pytest.param(n, marks=_NS_LOSSY) if "ns_resolution" in n else n for n in REAL_TRACES]
 
 
 @lru_cache(maxsize=None)

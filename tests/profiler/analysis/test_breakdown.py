@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from profiler.analysis import breakdown as bd
-from tests.profiler.analysis.synth import EXACT_TRACES, REAL_TRACES, SynthTrace, load, raw_events, raw_gpu, real_trace
+from tests.profiler.analysis.synth import REAL_TRACES, SynthTrace, load, raw_events, raw_gpu, real_trace
 
 PRIORITY = ("kernel", "memcpy", "memset", "communication", "runtime", "cpu_only", "other")
 
@@ -122,7 +122,7 @@ def sweep_union(intervals) -> float:
     return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
-@pytest.mark.parametrize("name", EXACT_TRACES)
+@pytest.mark.parametrize("name", REAL_TRACES)
 def test_real_traces_temporal_matches_raw_json(name):
     res = bd.temporal(real_trace(name))
     gpu = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in raw_gpu(name) if e.get("dur", 0) > 0]

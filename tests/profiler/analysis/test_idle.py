@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from profiler.analysis import idle
-from tests.profiler.analysis.synth import EXACT_TRACES, REAL_TRACES, SynthTrace, load, raw_gpu, real_trace
+from tests.profiler.analysis.synth import REAL_TRACES, SynthTrace, load, raw_gpu, real_trace
 
 
 def idle_scenario() -> SynthTrace:
@@ -48,7 +48,7 @@ def test_gap_rows_name_the_next_activity(tmp_path):
     np.testing.assert_allclose(g7["host_wait_us"] + g7["kernel_wait_us"] + g7["other_us"], g7["gap_us"])
 
 
-@pytest.mark.parametrize("name", EXACT_TRACES)
+@pytest.mark.parametrize("name", REAL_TRACES)
 def test_busiest_stream_gaps_match_raw_json(name):
     raw = raw_gpu(name)
     stream = Counter(e["args"].get("stream") for e in raw).most_common(1)[0][0]

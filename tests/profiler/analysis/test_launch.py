@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from profiler.analysis import launch
-from tests.profiler.analysis.synth import EXACT_TRACES, REAL_TRACES, SynthTrace, load, raw_events, real_trace
+from tests.profiler.analysis.synth import REAL_TRACES, SynthTrace, load, raw_events, real_trace
 
 
 def test_nested_op_and_cuda_graph_delays(tmp_path):
@@ -70,7 +70,7 @@ def test_launch_bound_verdict(tmp_path):
     assert s.reasons[0].startswith("no: GPU busy 100%")
 
 
-@pytest.mark.parametrize("name", EXACT_TRACES)
+@pytest.mark.parametrize("name", REAL_TRACES)
 def test_delays_and_launch_cpu_match_raw_json(name):
     raw = raw_events(name)
     runtime = {}

@@ -10,6 +10,7 @@ import gzip
 import json
 import math
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,16 @@ CATEGORY_KIND = {
     "gpu_user_annotation": "gpu_user_annotation", "cuda_sync": "cuda_sync",
 }
 GPU_ROW_KINDS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+HALF_NS_US = 5e-4  # "to the nanosecond": within half a nanosecond of the exact decimal value
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path, exact: bool = False) -> dict:
+    """The file's JSON; `exact` parses fractional numbers as Decimal (timestamps near 1.7e15 µs
+    lose up to 0.125 µs as float64)."""
     data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    return json.loads(data)
+    return json.loads(data, parse_float=Decimal) if exact else json.loads(data)
 
 
 def _int_id(value):
@@ -56,14 +60,17 @@ def raw_truth(path: Path) -> dict:
             dev = args["device"] if isinstance(args.get("device"), int) else _int_id(e["pid"])
             stream = args["stream"] if isinstance(args.get("stream"), int) else _int_id(e["tid"])
             streams.add((rank, dev, stream))
-    t0 = min(e["ts"] for e in kept)
+    exact = [e for e in read_json(path, exact=True)["traceEvents"]
+             if e.get("ph") == "X" and e.get("cat") in CATEGORY_KIND]
+    t0 = min(e["ts"] for e in exact)  # Decimal (or int): the exact first timestamp
     by_kind: dict[str, int] = {}
     for e in kept:
         by_kind[CATEGORY_KIND[e["cat"]]] = by_kind.get(CATEGORY_KIND[e["cat"]], 0) + 1
     return {
         "doc": doc, "kept": kept, "rank": rank, "kernel_count": len(kernels),
         "kernel_total_us": math.fsum(e["dur"] for e in kernels), "streams": streams,
-        "first_ts": t0, "last_end_rel": max((e["ts"] - t0) + e["dur"] for e in kept),
+        "first_ts": float(t0), "last_end_rel": float(max((e["ts"] - t0) + e["dur"] for e in exact)),
+        "ts_exact": tuple(sorted(e["ts"] for e in exact)),  # Decimal/int, as written
         "by_kind": by_kind, "kernel_names": sorted(e["name"] for e in kernels),
     }
 

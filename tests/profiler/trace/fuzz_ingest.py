@@ -6,7 +6,9 @@ of tests/data/traces, mutates each draw the way broken or unusual profiler outpu
 the wrong type, missing or absurd numbers, unknown phases, dangling or cyclic links, shuffled,
 duplicated or dropped events, odd metadata, garbage kernel names, a second rank (a shifted copy or
 another job's trace), truncated or flipped bytes, the ranks as members of a zip (any method) or
-a tar (any format, maybe gzipped), headers sometimes damaged; sometimes a real trace to diff
+a tar (any format, maybe gzipped), headers sometimes damaged; sometimes every timestamp moved onto
+a Unix-epoch µs clock with ns fractions (1712195495519689.047: the loader's exact-text path), drawn
+from a generator of its own so that no earlier draw of a seed changes; sometimes a real trace to diff
 against; sometimes the loaded Trace saved as Parquet with bytes overwritten, and reopened), and
 checks the contract a user of the Load page relies on:
 
@@ -27,6 +29,7 @@ import copy
 import gzip
 import json
 import random
+import re
 import sys
 import time
 import traceback
@@ -218,6 +221,32 @@ MUTATORS: dict[str, Callable[[random.Random, dict], None]] = {
 }
 
 
+EPOCH_NS = 1712195495519689 * 1000  # an April 2024 Unix time, in ns
+_EPOCH_MARK = re.compile(rb'"@ts:(-?[0-9]+\.[0-9]{3})"')
+
+
+def to_epoch(rng: random.Random, doc: dict) -> None:
+    """Every finite numeric ts (or a share of them) as Unix-epoch µs with 3 decimals, as some Kineto
+    versions write them; held as marked strings until `dumps` writes them as bare JSON numbers
+    (json.dumps of such a float would round it to float64's 0.25 µs first)."""
+    share = rng.choice((1.0, 1.0, 0.5))
+    timed = [e for e in _events(doc) if isinstance(e, dict) and type(e.get("ts")) in (int, float)
+             and abs(e["ts"]) < 1e300]
+    t0 = min((e["ts"] for e in timed), default=0)
+    for e in timed:
+        if rng.random() > share:
+            continue
+        ts = e["ts"]  # the trace's own clock, moved to start at EPOCH_NS; whole µs get ns digits
+        total = EPOCH_NS + round((ts - t0) * 1000) + rng.randrange(1000) * (type(ts) is int)
+        sign, total = ("-", -total) if total < 0 else ("", total)
+        e["ts"] = f"@ts:{sign}{total // 1000}.{total % 1000:03d}"
+
+
+def dumps(doc: dict) -> bytes:
+    """json.dumps, with `to_epoch`'s marked timestamps written as bare numbers."""
+    return _EPOCH_MARK.sub(rb"\1", json.dumps(doc).encode())
+
+
 def second_rank(rng: random.Random, doc: dict) -> dict:
     """A copy of `doc` as another rank of the same job (shifted in time), for the multi-rank analyses."""
     other = copy.deepcopy(doc)
@@ -262,7 +291,12 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
     if rng.random() < 0.25:
         ranks.append(second_rank(rng, doc))
         names.append("second_rank")
-    payloads = [json.dumps(d).encode() for d in ranks]
+    epoch = random.Random(f"epoch {seed}")  # its own draws: the main generator's stay as they were
+    if epoch.random() < 0.2:
+        for d in ranks:
+            to_epoch(epoch, d)
+        names.append("epoch_ns_clock")
+    payloads = [dumps(d) for d in ranks]
     if rng.random() < 0.1:
         payloads[0] = corrupt_bytes(rng, payloads[0])
         names.append("bytes")
