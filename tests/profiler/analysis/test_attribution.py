@@ -174,6 +174,58 @@ def test_op_table_matches_raw_json(name):
         assert ops.loc[n, "cpu_total_us"] == pytest.approx(cpu[n], rel=1e-6, abs=1e-3)
 
 
+def _exact_self_us(name: str) -> dict[str, float]:
+    """CPU self time per op name from the raw JSON in integer nanoseconds (Decimal parse, so the
+    epoch-µs ns trace keeps its digits): per thread, scopes sorted by (start, -end) nest by a
+    stack; self = span - the spans of the direct children (ops, annotations, nn.Module scopes)."""
+    import gzip
+    import json
+    from decimal import Decimal
+
+    from tests.profiler.analysis.synth import TRACES_DIR
+
+    with gzip.open(TRACES_DIR / name, "rt") as f:
+        doc = json.load(f, parse_float=Decimal)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    scopes: dict[tuple, list] = {}
+    for e in events:
+        if not (isinstance(e, dict) and e.get("ph") == "X") or str(e.get("name", "")).startswith("ProfilerStep#"):
+            continue
+        cat, nm = e.get("cat"), str(e.get("name", ""))
+        if cat in ("cpu_op", "Operator", "user_annotation") or (cat == "python_function" and nm.startswith("nn.Module: ")):
+            start = int(Decimal(e["ts"]) * 1000)
+            op = nm if cat in ("cpu_op", "Operator") else None
+            scopes.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + int(Decimal(e["dur"]) * 1000), op))
+    self_ns: dict[str, int] = {}
+    for rows in scopes.values():
+        rows.sort(key=lambda r: (r[0], -r[1]))
+        stack: list[list] = []  # [end, op, children's ns, span ns]
+        def close(top):
+            if top[1] is not None:
+                self_ns[top[1]] = self_ns.get(top[1], 0) + max(top[3] - top[2], 0)
+        for start, end, op in rows:
+            while stack and stack[-1][0] < end:  # not inside the top: the top is done
+                close(stack.pop())
+            if stack:
+                stack[-1][2] += end - start
+            stack.append([end, op, 0, end - start])
+        while stack:
+            close(stack.pop())
+    return {k: v / 1000 for k, v in self_ns.items()}
+
+
+@pytest.mark.parametrize("name", ["hta_v100_ns_resolution_rank-0.pt.trace.json.gz", *RAW_OP_TRACES])
+def test_op_self_time_matches_exact_nesting_of_the_raw_json(name):
+    """CPU self time per op name against an independent stack nesting in integer ns. On the
+    epoch-µs trace this failed while the loader rounded timestamps to float64's 0.25 µs there:
+    children then shared a parent's start and nested wrongly (aten::narrow 556 µs, truly 423)."""
+    want = _exact_self_us(name)
+    ops = attribution(real_trace(name)).ops.set_index("name")["cpu_self_us"]
+    assert set(ops.index) == set(want)
+    for n, us in want.items():
+        assert ops[n] == pytest.approx(us, rel=1e-9, abs=1e-3), n
+
+
 EXT_TRACES = ["tracelens_h100_bert_small.json.gz", "hta_a100_rank0of2_nccl_data.json.gz",
               "kineto_v100_resnet50_nw4_worker0.1623212756351.pt.trace.json.gz", "tracelens_h100_timesformer_base.json.gz"]
 
