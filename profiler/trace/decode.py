@@ -37,7 +37,9 @@ CHUNK_BYTES = 4 << 20  # small enough that a chunk's Structs stay in cache acros
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
 _WS = b" \t\r\n"
 _FRACTIONAL_TS = re.compile(rb'"ts"\s*:\s*(-?\d+)\.\d')
-EXACT_FROM_US = 1 << 42  # from 2**42 µs (51 days) on, float64's step exceeds 1 ns: keep the text
+# From 2**42 µs (51 days, an uptime clock too) on, float64 steps by ~1 ns or more, so a difference
+# of two parsed timestamps can be off by a nanosecond: keep the text. torch 2.13 writes uptime µs.
+EXACT_FROM_US = 1 << 42
 SNIFF_BYTES = 1 << 20
 _DECODERS = {False: (EVENTS_DECODER, EVENT_DECODER), True: (EXACT_EVENTS_DECODER, EXACT_EVENT_DECODER)}
 
