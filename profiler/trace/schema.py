@@ -7,7 +7,8 @@ Conventions
 - One row per complete event (`ph == "X"`) of a kept kind; flows become link columns.
 - `ts_us` is microseconds since the earliest kept event over all ranks of the Trace (so several
   ranks share one clock origin); `meta["t0_us"]` is that origin in the file's own clock, so
-  raw_ts = ts_us + t0_us.
+  raw_ts = ts_us + t0_us (as float64: on Unix-epoch µs clocks t0_us itself is only good to
+  0.25 µs, while `ts_us` keeps the file's nanoseconds).
 - Missing values are <NA> in nullable integer columns and NaN in float columns.
 """
 from __future__ import annotations
