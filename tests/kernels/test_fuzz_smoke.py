@@ -67,6 +67,33 @@ def test_the_optimizer_cases_fail_a_wrong_step(monkeypatch) -> None:
     assert any("cpu: raised RuntimeError: boom" in p for p in case.check())
 
 
+def test_lambs_second_reference_run_differs_from_eager_only_where_it_says(cpu_provider) -> None:
+    """ReferenceLambRoundedAsOurs is kernels.LAMB(provider="reference") bit for bit without clipping
+    in AdamW mode (neither of its two roundings is in play), and in seed 39109730's cancellation
+    (L2 mode, g / clip + wd * p = -1.7e-6 out of two 0.025 terms) it lands where the cpu provider
+    does, 1.8e-5 off the truth, while eager's two roundings happened to cancel (8e-7): the case
+    the bar failed on before that run was added."""
+    from tests.kernels import fuzz_optim as fo
+
+    case = fuzz.draw_case(12, "LAMB")
+    case.options = dict(case.options, max_grad_norm=None, adam_w_mode=True)
+    ref = fo.simulate(case, lambda groups, **kw: kernels.LAMB(groups, provider="reference", **kw), contiguous=True)
+    second = fo.simulate(case, fo.ReferenceLambRoundedAsOurs, contiguous=True)
+    for (keys, a), (keys2, b) in zip(ref, second):
+        assert keys == keys2
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+    case = fuzz.draw_case(39109730)
+    assert case.kernel == "LAMB" and case.check() == []
+    make_eager, _, ours = fo._variants(case)
+    truth = fo.simulate(case, make_eager, truth=True)[3][1][0]
+    err = {name: float((r[3][1][0].double() - truth).abs()[991])
+           for name, r in (("eager", fo.simulate(case, make_eager)), ("cpu", fo.simulate(case, ours["cpu"])),
+                           ("second", fo.simulate(case, fo.ReferenceLambRoundedAsOurs, contiguous=True)))}
+    assert err["eager"] < 1e-6 and err["cpu"] > 1e-5 and err["second"] == pytest.approx(err["cpu"], rel=1e-3)
+
+
 def test_the_judge_fails_wrong_results() -> None:
     """A few ulps off passes; 1e-3 off, a NaN where the truth is finite, or a lost None fails."""
     truth = (torch.linspace(-3, 3, 50, dtype=torch.float64),)
