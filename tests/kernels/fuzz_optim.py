@@ -58,10 +58,12 @@ class OptCase:
 
 
 def _laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """t's values in `layout`: contiguous, transposed (dense, last two dims swapped in memory) or
-    strided (every other element of the last dim: not dense)."""
+    """A copy of t's values in `layout`: contiguous, transposed (dense, last two dims swapped in
+    memory) or strided (every other element of the last dim: not dense). Always a copy: for a
+    (1, n) tensor `transpose().contiguous()` is t itself, so the eager run stepped the case's own
+    params and every later run started from where it ended (fuzz seed 58013560)."""
     if layout == "transposed":
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return t.transpose(-1, -2).clone(memory_format=torch.contiguous_format).transpose(-1, -2)
     if layout == "strided":
         base = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])
         base[..., ::2] = t

@@ -94,6 +94,24 @@ def test_lambs_second_reference_run_differs_from_eager_only_where_it_says(cpu_pr
     assert err["eager"] < 1e-6 and err["cpu"] > 1e-5 and err["second"] == pytest.approx(err["cpu"], rel=1e-3)
 
 
+def test_optimizer_cases_never_step_the_cases_own_tensors() -> None:
+    """Every layout is a copy (a (1, n) tensor's transpose().contiguous() is the tensor itself:
+    the eager run stepped the case's params, so the truth and ours started from where it ended and
+    seed 58013560 failed on exp_avg_sq infs that eager, from the true start, did not have)."""
+    from tests.kernels import fuzz_optim as fo
+
+    for shape in ((1, 129), (129, 1), (3, 5)):
+        t = torch.randn(shape)
+        for layout in ("contiguous", "transposed", "strided"):
+            out = fo._laid_out(t, layout)
+            assert torch.equal(out, t) and out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    case = fuzz.draw_case(58013560, "LAMB")
+    before = [p.clone() for p in case.params]
+    assert case.check() == []
+    for a, b in zip(before, case.params):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+
+
 def test_the_judge_fails_wrong_results() -> None:
     """A few ulps off passes; 1e-3 off, a NaN where the truth is finite, or a lost None fails."""
     truth = (torch.linspace(-3, 3, 50, dtype=torch.float64),)
