@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import gzip
 import json
+from decimal import Decimal
 from functools import lru_cache
 
 from tests.profiler.analysis.synth import TRACES_DIR
 
 
 @lru_cache(maxsize=2)
-def raw_events(name: str) -> tuple[dict, ...]:
-    """All raw `ph: X` events of a committed trace (cached per process, two at a time)."""
+def raw_events(name: str, exact: bool = False) -> tuple[dict, ...]:
+    """All raw `ph: X` events of a committed trace (cached per process, two at a time); `exact`
+    parses fractional numbers as Decimal (epoch-µs timestamps keep their nanoseconds)."""
     with gzip.open(TRACES_DIR / name, "rt") as f:
-        doc = json.load(f)
+        doc = json.load(f, parse_float=Decimal) if exact else json.load(f)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     return tuple(e for e in events if isinstance(e, dict) and e.get("ph") == "X")
 

@@ -178,31 +178,24 @@ def _exact_self_us(name: str) -> dict[str, float]:
     """CPU self time per op name from the raw JSON in integer nanoseconds (Decimal parse, so the
     epoch-µs ns trace keeps its digits): per thread, scopes sorted by (start, -end) nest by a
     stack; self = span - the spans of the direct children (ops, annotations, nn.Module scopes)."""
-    import gzip
-    import json
-    from decimal import Decimal
-
-    from tests.profiler.analysis.synth import TRACES_DIR
-
-    with gzip.open(TRACES_DIR / name, "rt") as f:
-        doc = json.load(f, parse_float=Decimal)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
     scopes: dict[tuple, list] = {}
-    for e in events:
-        if not (isinstance(e, dict) and e.get("ph") == "X") or str(e.get("name", "")).startswith("ProfilerStep#"):
-            continue
+    for e in raw_events(name, exact=True):
         cat, nm = e.get("cat"), str(e.get("name", ""))
+        if nm.startswith("ProfilerStep#"):
+            continue
         if cat in ("cpu_op", "Operator", "user_annotation") or (cat == "python_function" and nm.startswith("nn.Module: ")):
-            start = int(Decimal(e["ts"]) * 1000)
+            start = int(e["ts"] * 1000)  # Decimal or int: exact
             op = nm if cat in ("cpu_op", "Operator") else None
-            scopes.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + int(Decimal(e["dur"]) * 1000), op))
+            scopes.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + int(e["dur"] * 1000), op))
     self_ns: dict[str, int] = {}
+
+    def close(top: list) -> None:  # [end, op, children's ns, span ns]
+        if top[1] is not None:
+            self_ns[top[1]] = self_ns.get(top[1], 0) + max(top[3] - top[2], 0)
+
     for rows in scopes.values():
         rows.sort(key=lambda r: (r[0], -r[1]))
-        stack: list[list] = []  # [end, op, children's ns, span ns]
-        def close(top):
-            if top[1] is not None:
-                self_ns[top[1]] = self_ns.get(top[1], 0) + max(top[3] - top[2], 0)
+        stack: list[list] = []
         for start, end, op in rows:
             while stack and stack[-1][0] < end:  # not inside the top: the top is done
                 close(stack.pop())
