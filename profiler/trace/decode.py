@@ -111,6 +111,11 @@ def ts_base(view: Any) -> Optional[int]:
     return None
 
 
+def _accumulator(view: memoryview) -> C.Accumulator:
+    """The column accumulator for one file's events array (~250 B a row), on its timestamp clock."""
+    return C.Accumulator(capacity=max(1 << 12, view.nbytes // 250), ts_base=ts_base(view))
+
+
 def _decode_chunk(chunk: bytes, skipped: Counter, exact: bool = False) -> list:
     """Typed decode; on a type error, decode event by event and count the ones that fail."""
     events_decoder, event_decoder = _DECODERS[exact]
@@ -287,8 +292,7 @@ def _decode(payload: Payload, procs: list) -> FileData:
         if located is not None:
             doc, start, end = located
             view = memoryview(payload.mm)[start:end + 1]
-            acc, skipped = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250)), Counter()
-            acc.ts_base = ts_base(view)
+            acc, skipped = _accumulator(view), Counter()
             try:
                 total = P.decode_parallel(view, start, payload.path, procs, acc, skipped,
                                           _releaser(payload, view), plan_chunks(view))
@@ -305,8 +309,7 @@ def _decode_serial(payload: Payload) -> FileData:
     doc, view = _top_level(payload)
     meta = _file_meta(doc)
     del doc
-    acc, skipped, total = C.Accumulator(capacity=max(1 << 12, view.nbytes // 250)), Counter(), 0  # ~250 B/row
-    acc.ts_base = ts_base(view)
+    acc, skipped, total = _accumulator(view), Counter(), 0
     release = _releaser(payload, view)
     if release is not None and payload.file_backed:
         # A mapped file's pages (all touched by the validation pass) can all go now: they are
