@@ -123,7 +123,7 @@ SAVED_META_TYPES: dict[str, tuple[type, ...]] = {
     "schema_version": (int,), "sources": (list,), "t0_us": _NUMBER, "ranks": (list,), "skipped_events": (int,),
     "skipped_reasons": (dict,), "device_properties": (list,), "per_rank": (dict,), "unbound_flows": (int,),
     "distributed_info": (dict, type(None)), "versions": (dict,), "flops_source": (str,), "demangled_names": (dict,),
-    "capture": (dict,), "passed_over_files": (list,),
+    "capture": (dict,), "passed_over_files": (list,), "unread_events": (dict,),
 }
 
 

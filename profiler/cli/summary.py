@@ -37,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if s["skipped_events"]:
         why = "; ".join(f"{k} x{v}" for k, v in s["skipped_reasons"].items())
         print(f"skipped events: {s['skipped_events']:,} ({why})")
+    if s["unread_events"]:  # events of kinds FusionLens does not model: kept out of every view
+        print(f"not read: {sum(s['unread_events'].values()):,} events of kinds FusionLens does not model "
+              f"({'; '.join(f'{k} x{v:,}' for k, v in s['unread_events'].items())})")
     for line in s["passed_over_files"]:  # JSON found beside the traces that is not one
         print(f"passed over: {line}")
     if args.json:

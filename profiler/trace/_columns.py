@@ -41,6 +41,14 @@ R_ABSURD = "absurd ts or dur (beyond int64 nanoseconds)"
 R_NAME = "complete event without a string name"
 R_FLOW = "flow event without an integer id or a finite ts"
 VALIDATION_REASONS = frozenset({R_TS, R_DUR, R_NEG, R_ABSURD, R_NAME, R_FLOW})
+# Events no column reads are tallied by label (their category for `ph: X`, else their phase), so a
+# trace of another tool (a JAX/TensorFlow Chrome trace, Nsight's export) says what it held instead
+# of loading as an empty Trace. Not tallied: flows of other categories (Kineto's `fwdbwd` links) and
+# Kineto's own whole-capture span ("PyTorch Profiler (0)", category "Trace"): not events of the run.
+KINETO_SPAN_CAT = "Trace"
+FLOW_PHASES = frozenset({"s", "t", "f"})
+MAX_UNREAD_LABELS = 20  # distinct labels kept; the rest are counted together
+UNREAD_OTHER = "(other categories)"
 
 _K = KIND_INDEX
 NCCL_KINDS = (_K["kernel"], _K["cpu_op"], _K["user_annotation"])
@@ -119,6 +127,7 @@ class Accumulator:
     vocab: dict[str, dict[str, int]] = field(default_factory=dict)  # coded column -> text -> code
     id_cache: dict[str, int] = field(default_factory=dict)
     n_rows: int = 0
+    unread: Counter = field(default_factory=Counter)  # label -> events no column reads (see tally_unread)
     ts_base: Optional[int] = None  # None: ts decoded as float64; else events are ExactEvents, ts - ts_base
 
     def ts(self, objs: list) -> np.ndarray:
@@ -147,6 +156,33 @@ class Accumulator:
         vocab = self.vocab.setdefault(col, {})
         lut = np.fromiter((vocab.setdefault(u, len(vocab)) for u in uniques), np.int32, len(uniques))
         return np.where(codes >= 0, lut[codes] if len(lut) else -1, -1).astype(np.int32)
+
+
+def tally_unread(unread: Counter, label: str, n: int = 1) -> None:
+    """Count `n` unread events under `label` (cut to 60 characters); past MAX_UNREAD_LABELS
+    distinct labels, under UNREAD_OTHER (a damaged file cannot grow the meta without bound)."""
+    label = label if len(label) <= 60 else label[:59] + "…"
+    if label not in unread and len(unread) >= MAX_UNREAD_LABELS - 1:  # one place left for UNREAD_OTHER
+        label = UNREAD_OTHER
+    unread[label] += n
+
+
+def describe_unread(unread: Counter, most: int = 4) -> str:
+    """'(no category) x2, "XLA Ops" x1': the most frequent labels, for one-line messages."""
+    shown = ", ".join(f"{k} x{v:,}" for k, v in unread.most_common(most))
+    return shown + (f" and {len(unread) - most} more" if len(unread) > most else "")
+
+
+def _unread(evs: list, idx: np.ndarray, phs: list, acc: "Accumulator") -> None:
+    """Tally the events at `idx` (none of them read into a column) by category or phase."""
+    for i in idx.tolist():
+        ph = phs[i]
+        if ph == "X":
+            cat = evs[i].cat
+            if cat != KINETO_SPAN_CAT:
+                tally_unread(acc.unread, f'"{cat}"' if cat is not None else "(no category)")
+        elif ph not in FLOW_PHASES:
+            tally_unread(acc.unread, f'ph "{ph}" events' if ph is not None else "(no ph)")
 
 
 def undecodable(skipped: Counter) -> int:
@@ -417,6 +453,9 @@ def process_chunk(evs: list, chunk: bytes, acc: Accumulator, skipped: Counter) -
     other = codes < 0
     if other.any():
         codes = np.where(other, np.fromiter(map(PH_CODE.get, phs, repeat(-1)), np.int16, n), codes)
+        idx = np.flatnonzero(codes < 0)  # in a Kineto trace: a few (its span, fwdbwd flows)
+        if len(idx):
+            _unread(evs, idx, phs, acc)
     is_row = (codes >= 0) & (codes < len(KINDS))
     idx = np.flatnonzero(is_row)
     if len(idx):

@@ -175,7 +175,8 @@ def _export(acc: C.Accumulator) -> dict[str, Any]:
             "flows": {k: g.array() for k, g in acc.flows.items()},
             "memory": {k: g.array() for k, g in acc.memory.items()},
             "vocab": {k: list(v) for k, v in acc.vocab.items()}, "counters": acc.counters,
-            "process_names": acc.process_names, "thread_names": acc.thread_names, "n_rows": acc.n_rows}
+            "process_names": acc.process_names, "thread_names": acc.thread_names, "n_rows": acc.n_rows,
+            "unread": dict(acc.unread)}
 
 
 def decode_file_spans(path: str, spans: list[tuple[int, int]], capacity: int,
@@ -228,6 +229,8 @@ def merge(acc: C.Accumulator, part: dict[str, Any]) -> None:
     acc.counters.extend(part["counters"])
     acc.process_names.update(part["process_names"])
     acc.thread_names.update(part["thread_names"])
+    for label, n in part["unread"].items():
+        C.tally_unread(acc.unread, label, n)
     acc.n_rows += part["n_rows"]
 
 

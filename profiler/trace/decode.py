@@ -331,4 +331,10 @@ def _finish(payload: Payload, meta: dict[str, Any], acc: C.Accumulator, skipped:
         worst = skipped.most_common(1)[0]
         raise TraceError(f"{payload.label}: {n_bad} of {total} events are unreadable "
                          f"(most often: {worst[0]} x{worst[1]}); not a usable trace")
+    meta["unread_events"] = dict(acc.unread.most_common())
+    if acc.n_rows == 0 and acc.unread:  # events, none of them Kineto's: another tool's Chrome trace
+        n = sum(acc.unread.values())
+        which = f"none of its {n:,} events is" if n > 1 else "its one event is not"
+        raise NotATraceError(f"{payload.label}: not a PyTorch profiler (Kineto) trace: {which} of a kind "
+                             f"FusionLens reads (seen: {C.describe_unread(acc.unread)})")
     return FileData(payload.label, acc, meta, skipped)

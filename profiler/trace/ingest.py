@@ -114,20 +114,24 @@ def _assign_ranks(frames: list[FileFrame], rank: Any) -> list[tuple[int, str]]:
 
 def _meta(frames: list[FileFrame], ranks: list[tuple[int, str]], t0: float) -> dict[str, Any]:
     skipped: Counter = Counter()
+    unread: Counter = Counter()
     per_rank = {}
     for f, (r, how) in zip(frames, ranks):
         skipped.update(f.skipped)
+        unread.update(f.meta["unread_events"])
         per_rank[r] = {"source": f.label, "rank_source": how, "events": f.n,
                        "device_properties": f.meta["device_properties"],
                        "distributed_info": f.meta["distributed_info"], "versions": f.meta["versions"],
                        "settings": f.meta["settings"], "skipped_events": sum(f.skipped.values()),
-                       "skipped_reasons": dict(f.skipped), "unbound_flows": f.unbound_flows,
+                       "skipped_reasons": dict(f.skipped), "unread_events": f.meta["unread_events"],
+                       "unbound_flows": f.unbound_flows,
                        "process_names": f.meta.get("process_names", {}),
                        "thread_names": f.meta.get("thread_names", {})}
     first = frames[int(np.argmin([r for r, _ in ranks]))]
     meta = {"schema_version": SCHEMA_VERSION, "sources": tuple(f.label for f in frames), "t0_us": t0,
             "ranks": tuple(sorted(r for r, _ in ranks)), "skipped_events": sum(skipped.values()),
-            "skipped_reasons": dict(skipped), "device_properties": first.meta["device_properties"],
+            "skipped_reasons": dict(skipped), "unread_events": dict(unread.most_common()),
+            "device_properties": first.meta["device_properties"],
             "per_rank": per_rank, "unbound_flows": sum(f.unbound_flows for f in frames),
             "distributed_info": first.meta["distributed_info"], "versions": first.meta["versions"],
             "flops_source": "none (uploaded trace: flops and bytes_moved are NaN)"}
@@ -152,12 +156,15 @@ def load_trace(source_or_sources: Any, *, rank: int | Sequence[int] | None = Non
         A Trace whose `ts_us` counts from the earliest event over all ranks (`meta["t0_us"]`).
         Events that cannot be read (missing or wrongly typed fields, negative or absurd numbers,
         integers beyond int64) are skipped and counted in `meta["skipped_events"]` and
-        `meta["skipped_reasons"]`; rows keep file order. Itanium-mangled kernel names (ROCm traces:
+        `meta["skipped_reasons"]`; events of kinds no column models (another category, a
+        `ph: B` pair) are counted by label in `meta["unread_events"]`; rows keep file order. Itanium-mangled kernel names (ROCm traces:
         `_ZN7ck_tile...`) are demangled as Kineto does for CUDA; `meta["demangled_names"]` maps
         each changed name back to the name as written ({demangled: mangled}; empty when none).
     Raises:
         TraceError: one line naming the file and what is wrong with it (also when more than
-            max(10, 10%) of a file's events are unreadable, or none is usable).
+            max(10, 10%) of a file's events are unreadable, or none is usable); NotATraceError, its
+            subclass, for JSON that is not a Kineto trace (no traceEvents list, or events of which
+            none is of a kind FusionLens reads), which a folder or archive passes over.
     """
     frames: list[FileFrame] = []
     passed_over: list[str] = []  # JSON found beside the traces that is not one (a config.json)

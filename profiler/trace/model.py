@@ -57,7 +57,9 @@ class Trace:
     device_properties (tuple of mappings, from the first rank), per_rank (mapping rank ->
     {source, device_properties, distributed_info, versions}). Optional: distributed_info,
     versions (torch/cuda/rocm/cupti ...), capture (capture settings when made live),
-    demangled_names ({demangled: mangled} for kernel names demangled at ingest or CUPTI capture).
+    demangled_names ({demangled: mangled} for kernel names demangled at ingest or CUPTI capture),
+    unread_events (mapping label -> count of events of kinds no column models, most first: '"xpu_runtime"',
+    'ph "B" events', '(no category)'; also per rank).
     """
 
     events: pd.DataFrame

@@ -105,3 +105,23 @@ def test_an_earlier_capture_reopens_with_its_flops_modules_and_roofs(tmp_path, m
     at.text_input(key="local_path").input(str(folder)).run()
     assert not at.exception and not at.error
     assert at.session_state["fusionlens_trace"].events["flops"].sum() == trace.events["flops"].sum()
+
+
+def test_events_of_kinds_not_modelled_are_named_and_a_foreign_trace_is_one_line(tmp_path):
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress((TRACES / "tracelens_h100_bert_small.json.gz").read_bytes()))
+    doc["traceEvents"] += [{"ph": "B", "name": "b", "pid": 1, "tid": 1, "ts": 1e3}] * 2
+    (tmp_path / "mixed.json").write_text(json.dumps(doc))
+    at = _app().run()
+    at.text_input(key="local_path").input(str(tmp_path / "mixed.json")).run()
+    assert not at.exception and not at.error
+    assert any('Not read: 2 events of kinds FusionLens does not model (ph "B" events ×2)' in c.value
+               for c in at.caption)
+    (tmp_path / "jax.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "fusion", "pid": 1,
+                                                                    "tid": 1, "ts": 1, "dur": 2}]}))
+    at.text_input(key="local_path").input(str(tmp_path / "jax.json")).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"{tmp_path / 'jax.json'}: not a PyTorch profiler (Kineto) trace: its "
+                                           "one event is not of a kind FusionLens reads (seen: (no category) x1)"]

@@ -232,3 +232,80 @@ def test_invalid_utf8_inside_side_fields_loads(tmp_path):
     assert kinds["kernel"] == 20 and kinds["cpu_op"] == 1
     assert "\ufffd" in tr.events.loc[tr.events.kind == "cpu_op", "input_dims"].iloc[0]
     assert tr.counters.name.astype(str).tolist() == ["mem2"]
+
+
+def _foreign_chrome_trace() -> dict:
+    """The shape of a JAX / TensorFlow profiler trace: Chrome trace events without Kineto categories."""
+    return {"displayTimeUnit": "ns", "traceEvents": [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 1, "tid": 1, "name": "fusion.12", "ts": 1000.5, "dur": 12.25},
+        {"ph": "X", "pid": 1, "tid": 1, "name": "gemm", "ts": 1020.5, "dur": 42.25},
+        {"ph": "X", "pid": 2, "tid": 7, "cat": "XLA Ops", "name": "PjitFunction(step)", "ts": 990, "dur": 100},
+        {"ph": "B", "pid": 2, "tid": 7, "name": "step", "ts": 980}, {"ph": "E", "pid": 2, "tid": 7, "ts": 1200},
+        {"ph": "C", "pid": 1, "name": "memory", "ts": 1000, "args": {"bytes": 5}}]}
+
+
+def test_a_chrome_trace_of_another_tool_is_one_line_not_an_empty_trace(tmp_path):
+    """A JAX/TensorFlow Chrome trace has traceEvents, none of them Kineto's: it used to load as a
+    Trace of 0 events with nothing said; now it is refused, saying what it held."""
+    path = _write(tmp_path, "jax.trace.json", json.dumps(_foreign_chrome_trace()))
+    msg = _error(path)
+    assert msg.endswith("jax.trace.json: not a PyTorch profiler (Kineto) trace: none of its 5 events is of a kind "
+                        'FusionLens reads (seen: (no category) x2, "XLA Ops" x1, ph "B" events x1, ph "E" events x1)'), msg
+
+
+def test_a_foreign_trace_beside_kineto_ones_is_passed_over(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.json.gz").write_bytes(trace_named("tracelens_h100_bert_small").read_bytes())
+    (run / "jax.json").write_text(json.dumps(_foreign_chrome_trace()))
+    tr = load_trace(run)
+    assert tr.ranks == (0,) and len(tr.events) > 0
+    over = tr.meta["passed_over_files"]
+    assert len(over) == 1 and "jax.json: not a PyTorch profiler (Kineto) trace" in over[0], over
+
+
+def test_a_kineto_trace_with_only_its_own_span_loads_empty():
+    """Kineto's whole-capture span (category "Trace") is not an event of the run: a profile that
+    recorded nothing is an empty Trace, as before, with nothing unread."""
+    doc = {"traceEvents": [{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                            "tid": "PyTorch Profiler", "ts": 5.0, "dur": 10.0}]}
+    tr = load_trace(json.dumps(doc).encode())
+    assert len(tr.events) == 0 and dict(tr.meta["unread_events"]) == {}
+
+
+def test_events_of_kinds_not_modelled_are_counted_and_the_rest_loads_unchanged():
+    """Runtime events of another backend (Kineto's xpu_runtime), Chrome B/E pairs and events
+    without a category, inside a real Kineto trace: counted by label per file and in total; every
+    other row as without them."""
+    path = trace_named("tracelens_h100_bert_small")
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    t = doc["traceEvents"][10]["ts"]
+    extra = ([{"ph": "X", "cat": "xpu_runtime", "name": "zeCommandListAppendLaunchKernel", "pid": 1, "tid": 1,
+               "ts": t, "dur": 3}] * 4
+             + [{"ph": "B", "name": "b", "pid": 1, "tid": 1, "ts": t}, {"ph": "E", "pid": 1, "tid": 1, "ts": t + 1},
+                {"ph": "X", "name": "no cat", "pid": 1, "tid": 1, "ts": t, "dur": 1}])
+    events = doc["traceEvents"]
+    for i, e in enumerate(extra):
+        events.insert(1 + i * (len(events) // len(extra)), e)
+    tr = load_trace(json.dumps(doc).encode())
+    want = {'"xpu_runtime"': 4, 'ph "B" events': 1, 'ph "E" events': 1, "(no category)": 1}
+    assert dict(tr.meta["unread_events"]) == want
+    assert dict(tr.meta["per_rank"][0]["unread_events"]) == want
+    assert list(tr.meta["unread_events"])[0] == '"xpu_runtime"'  # most frequent first
+    plain = load_trace(path)
+    assert tr.events.equals(plain.events) and tr.meta["skipped_events"] == 0
+
+
+def test_unread_labels_are_bounded():
+    """A damaged file with thousands of made-up categories cannot grow the meta: 20 labels at most,
+    the rest counted together, long ones cut; the counts still add up."""
+    from profiler.trace import _columns as C
+
+    events = [_kernel(0)] + [{"ph": "X", "cat": f"cat{i}" + "x" * (100 * (i == 3)), "name": "e", "pid": 1,
+                              "tid": 1, "ts": 1.0, "dur": 1.0} for i in range(500)]
+    tr = load_trace(json.dumps({"traceEvents": events}).encode())
+    unread = dict(tr.meta["unread_events"])
+    assert len(unread) == C.MAX_UNREAD_LABELS and sum(unread.values()) == 500
+    assert unread[C.UNREAD_OTHER] == 500 - (C.MAX_UNREAD_LABELS - 1)
+    assert max(map(len, unread)) <= 60 and any(k.endswith("…") for k in unread)

@@ -95,3 +95,26 @@ def test_summary_of_a_capture_folder(tmp_path):
         assert "steps: " in proc.stdout and "by kind: cpu_op=" in proc.stdout
     a, b = (json.loads((tmp_path / f"{t}.json").read_text()) for t in ("cap", "trace"))
     assert a == b and a["ranks"] == [0] and a["events"] > 0 and len(a["steps"]) == 2
+
+
+def test_summary_says_what_it_did_not_read(tmp_path):
+    """Events of kinds FusionLens does not model are named on the terminal and in the JSON; a
+    Chrome trace of another tool exits 2 with one line."""
+    import gzip
+
+    doc = json.loads(gzip.decompress(trace_named("tracelens_h100_bert_small").read_bytes()))
+    doc["traceEvents"] += [{"ph": "X", "cat": "xpu_runtime", "name": "launch", "pid": 1, "tid": 1, "ts": 1e3,
+                            "dur": 1}] * 3
+    path, out = tmp_path / "mixed.json", tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    proc = _run(path, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    assert 'not read: 3 events of kinds FusionLens does not model ("xpu_runtime" x3)' in proc.stdout
+    assert json.loads(out.read_text())["unread_events"] == {'"xpu_runtime"': 3}
+    foreign = tmp_path / "jax.json"
+    foreign.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "fusion", "pid": 1, "tid": 1, "ts": 1,
+                                                    "dur": 2}]}))
+    proc = _run(foreign)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {foreign}: not a PyTorch profiler (Kineto) trace: its one event is not of a kind FusionLens "
+        "reads (seen: (no category) x1)"]

@@ -196,3 +196,22 @@ def test_hung_worker_is_killed_and_serial_decode_takes_over(tmp_path, monkeypatc
     assert time.perf_counter() - t0 < 60  # not the worker's 600 s
     assert spy == []
     _assert_same(par, load_trace(path, workers=1))
+
+
+def test_parallel_unread_counts_add_up(tmp_path, monkeypatch, spy):
+    """Events of kinds no column reads, spread over every process's share: counted once each."""
+    doc = json.loads(gzip.decompress(trace_named("hta_a100_rank0of2_nccl_data").read_bytes()))
+    events = doc["traceEvents"]
+    odd = [{"ph": "X", "cat": "xpu_runtime", "name": "launch", "pid": 1, "tid": 1, "ts": 10.0, "dur": 1.0},
+           {"ph": "B", "name": "b", "pid": 1, "tid": 1, "ts": 10.0}]
+    step = len(events) // 9
+    for i in range(8):
+        events.insert((i + 1) * step, dict(odd[i % 2]))
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(decode, "CHUNK_BYTES", 256 << 10)
+    ser = load_trace(path, workers=1)
+    par = load_trace(path, workers=2, parallel_min_bytes=1)
+    assert len(spy) == 1
+    assert dict(par.meta["unread_events"]) == {'"xpu_runtime"': 4, 'ph "B" events': 4} == dict(ser.meta["unread_events"])
+    _assert_same(par, ser)
