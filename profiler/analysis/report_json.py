@@ -160,4 +160,5 @@ def _trace_info(trace) -> dict[str, Any]:
     meta = trace.meta
     return {"sources": jsonable(list(meta.get("sources", ()))), "ranks": jsonable(list(trace.ranks)),
             "events": int(len(trace.events)), "trace_schema_version": jsonable(meta.get("schema_version")),
-            "skipped_events": jsonable(meta.get("skipped_events", 0))}
+            "skipped_events": jsonable(meta.get("skipped_events", 0)),
+            "unread_events": jsonable(dict(sorted(meta.get("unread_events", {}).items(), key=lambda kv: -kv[1])))}

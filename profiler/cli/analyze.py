@@ -86,6 +86,10 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
     """The terminal summary, built from the report dict only (so it shows what the JSON holds)."""
     t = report["trace"]
     lines = [f"trace: {', '.join(t['sources'])}  ranks: {t['ranks']}  events: {t['events']:,}"]
+    unread = t.get("unread_events") or {}
+    if unread:  # kept out of every analysis: say so before the numbers
+        lines.append(f"not read: {sum(unread.values()):,} events of kinds FusionLens does not model ("
+                     + "; ".join(f"{k} x{v:,}" for k, v in unread.items()) + ")")
     kb = report.get("kernel_breakdown") or []
     total = sum(r["total_us"] for r in kb) or 0.0
     if kb:

@@ -57,6 +57,21 @@ def test_cli_json_has_documented_keys_and_matches_raw(tmp_path):
     assert all(ours[n] == pytest.approx(truth[n], rel=1e-6, abs=1e-3) for n in truth)
     comm = r["kernel_type_breakdown"]["communication"]
     assert comm == pytest.approx(sum(v for n, v in truth.items() if n.startswith("ncclKernel")), rel=1e-6)
+    assert r["trace"]["unread_events"] == {} and "not read" not in p.stdout
+
+
+def test_cli_names_the_events_it_did_not_read(tmp_path):
+    """Events of kinds no column models (another backend's runtime) stay out of every analysis;
+    the terminal and the JSON's `trace` object say how many and which."""
+    doc = {"traceEvents": list(raw_events("tracelens_h100_bert_small.json.gz")) + [
+        {"ph": "X", "cat": "privateuse1_runtime", "name": "launch", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}] * 2}
+    src, out = tmp_path / "mixed.json", tmp_path / "r.json"
+    src.write_text(json.dumps(doc))
+    p = analyze(str(src), "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[1] == ('not read: 2 events of kinds FusionLens does not model '
+                                        '("privateuse1_runtime" x2)')
+    assert strict_load(out)["trace"]["unread_events"] == {'"privateuse1_runtime"': 2}
 
 
 def test_cli_compare_includes_diff(tmp_path):
