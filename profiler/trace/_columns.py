@@ -159,9 +159,12 @@ class Accumulator:
 
 
 def tally_unread(unread: Counter, label: str, n: int = 1) -> None:
-    """Count `n` unread events under `label` (cut to 60 characters); past MAX_UNREAD_LABELS
-    distinct labels, under UNREAD_OTHER (a damaged file cannot grow the meta without bound)."""
+    """Count `n` unread events under `label` (cut to 60 characters, control characters and line
+    breaks as '?': it goes into one-line messages); past MAX_UNREAD_LABELS distinct labels, under
+    UNREAD_OTHER (a damaged file cannot grow the meta without bound)."""
     label = label if len(label) <= 60 else label[:59] + "…"
+    if not label.isprintable():
+        label = "".join(c if c.isprintable() else "?" for c in label)
     if label not in unread and len(unread) >= MAX_UNREAD_LABELS - 1:  # one place left for UNREAD_OTHER
         label = UNREAD_OTHER
     unread[label] += n

@@ -309,3 +309,10 @@ def test_unread_labels_are_bounded():
     assert len(unread) == C.MAX_UNREAD_LABELS and sum(unread.values()) == 500
     assert unread[C.UNREAD_OTHER] == 500 - (C.MAX_UNREAD_LABELS - 1)
     assert max(map(len, unread)) <= 60 and any(k.endswith("…") for k in unread)
+
+
+def test_unread_labels_stay_on_one_line(tmp_path):
+    """A category with a line break or control characters (JSON escapes) ends up in a one-line error."""
+    events = [{"ph": "X", "cat": "a\nb\u2028c\x1ed\te", "name": "e", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    msg = _error(_write(tmp_path, "odd.json", json.dumps({"traceEvents": events})))
+    assert msg.endswith('(seen: "a?b?c?d?e" x1)') and len(msg.splitlines()) == 1, msg
