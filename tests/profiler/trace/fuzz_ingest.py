@@ -8,7 +8,9 @@ duplicated or dropped events, odd metadata, garbage kernel names, a second rank 
 another job's trace), truncated or flipped bytes, the ranks as members of a zip (any method) or
 a tar (any format, maybe gzipped), headers sometimes damaged; sometimes every timestamp moved onto
 a Unix-epoch µs clock with ns fractions (1712195495519689.047: the loader's exact-text path), drawn
-from a generator of its own so that no earlier draw of a seed changes; sometimes a real trace to diff
+from a generator of its own so that no earlier draw of a seed changes; sometimes, from another such
+generator, complete events stripped of their category or given another tool's (a JAX/TensorFlow Chrome
+trace, all of them or a share: refused in one line, or counted as unread); sometimes a real trace to diff
 against; sometimes the loaded Trace saved as Parquet with bytes overwritten, and reopened), and
 checks the contract a user of the Load page relies on:
 
@@ -247,6 +249,23 @@ def dumps(doc: dict) -> bytes:
     return _EPOCH_MARK.sub(rb"\1", json.dumps(doc).encode())
 
 
+OTHER_TOOL_CATEGORIES = (None, None, "XLA Ops", "TPU", "xpu_runtime", "privateuse1_runtime", "a\nb\u2028c\x1e",
+                         "made up " * 20)
+
+
+def as_other_tool(rng: random.Random, doc: dict) -> None:
+    """Complete events (all, or a share) without their Kineto category (None: the key removed), as
+    in a Chrome trace of another tool."""
+    share = rng.choice((1.0, rng.uniform(0.05, 0.95)))
+    for e in _events(doc):
+        if isinstance(e, dict) and e.get("ph") == "X" and rng.random() < share:
+            cat = rng.choice(OTHER_TOOL_CATEGORIES)
+            if cat is None:
+                e.pop("cat", None)
+            else:
+                e["cat"] = cat
+
+
 def second_rank(rng: random.Random, doc: dict) -> dict:
     """A copy of `doc` as another rank of the same job (shifted in time), for the multi-rank analyses."""
     other = copy.deepcopy(doc)
@@ -296,6 +315,11 @@ def draw(seed: int, docs: dict[str, dict]) -> Case:
         for d in ranks:
             to_epoch(epoch, d)
         names.append("epoch_ns_clock")
+    other_tool = random.Random(f"other tool {seed}")  # its own draws too
+    if other_tool.random() < 0.1:
+        for d in ranks:
+            as_other_tool(other_tool, d)
+        names.append("other_tool_categories")
     payloads = [dumps(d) for d in ranks]
     if rng.random() < 0.1:
         payloads[0] = corrupt_bytes(rng, payloads[0])

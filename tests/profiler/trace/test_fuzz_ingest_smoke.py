@@ -88,3 +88,17 @@ def test_the_saved_folder_check_fails_a_reader_that_raises_something_else(monkey
     monkeypatch.setattr(artifacts, "load_traces_or_saved", broken)
     problem = fuzz_ingest.check_saved_damage(trace, 225)
     assert problem is not None and problem.startswith("the damaged saved folder raised KeyError")
+
+
+def test_other_tool_categories_reach_both_outcomes(docs):
+    """The other-tool draw (events without a Kineto category) gives refused and loaded cases, both
+    within the contract; seed 1042 is one whose refusal quoted a category with a line break (the
+    unread labels' printable rule; before it, the message broke over two lines)."""
+    outcomes = {}
+    for seed in (1042, 1045, 1075, 1125):
+        case = fuzz_ingest.draw(seed, docs)
+        assert "other_tool_categories" in case.mutations, case.describe()
+        outcome, problem = fuzz_ingest.check(case)
+        assert problem is None, f"{case.describe()}: {problem}"
+        outcomes[seed] = outcome
+    assert set(outcomes.values()) == {"loaded", "refused"}, outcomes
