@@ -45,9 +45,19 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[Path]]]:
     with tarfile.open(pair_tgz, "w:gz") as tf:
         for rank, name in enumerate(("hta_a100_rank0of2_nccl_data", "hta_v100_rank1of2_trace_diff_test")):
             tf.add(TRACES / f"{name}.json.gz", arcname=f"run/rank{rank}.json.gz")
+    other_tool = folder / "jax.trace.json"  # a Chrome trace of another tool: no Kineto category
+    other_tool.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "pid": 1, "tid": 1, "name": "fusion.12", "ts": 1000.5, "dur": 12.25},
+        {"ph": "X", "pid": 2, "tid": 7, "cat": "XLA Ops", "name": "PjitFunction(step)", "ts": 990, "dur": 100}]}))
+    doc = json.loads(gzip.decompress(raw))  # a Kineto trace holding events of kinds no column models
+    doc["traceEvents"] += [{"ph": "X", "cat": "xpu_runtime", "name": "zeLaunch", "pid": 1, "tid": 1,
+                            "ts": doc["traceEvents"][5]["ts"], "dur": 2}] * 3 + [{"ph": "B", "name": "b", "pid": 1,
+                                                                              "tid": 1, "ts": 1}]
+    unread = folder / "bert_with_unread.json"
+    unread.write_text(json.dumps(doc))
     return [("empty", [empty]), ("truncated", [truncated]), ("not_a_trace", [not_trace]),
             ("garbage_gz", [garbage]), ("zip_one_trace", [good_zip]), ("zip_slip", [slip]),
-            ("tgz_two_ranks", [pair_tgz])]
+            ("tgz_two_ranks", [pair_tgz]), ("other_tool_trace", [other_tool]), ("unread_kinds", [unread])]
 
 
 def cases(folder: Path) -> list[tuple[str, list[Path]]]:
