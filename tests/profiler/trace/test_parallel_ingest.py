@@ -73,24 +73,29 @@ def test_parallel_equals_serial_on_real_traces(prefix, chunk_bytes, workers, tmp
     _assert_same(par, ser)
 
 
+def _planted_serial_and_parallel(planted: list, tmp_path, monkeypatch):
+    """The NCCL trace with 8 of `planted` (in turn) spread evenly over it, loaded serially and by 2
+    processes (small chunks: every process gets some)."""
+    doc = json.loads(gzip.decompress(trace_named("hta_a100_rank0of2_nccl_data").read_bytes()))
+    events = doc["traceEvents"]
+    step = len(events) // 9
+    for i in range(8):
+        events.insert((i + 1) * step, dict(planted[i % len(planted)]))
+    path = tmp_path / "planted.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(decode, "CHUNK_BYTES", 256 << 10)
+    return load_trace(path, workers=1), load_trace(path, workers=2, parallel_min_bytes=1)
+
+
 def test_parallel_skipped_counts_add_up(tmp_path, monkeypatch, spy):
     """Bad events spread over every process's share: the same rows survive, and the skipped count
     is the number injected."""
-    doc = json.loads(gzip.decompress(trace_named("hta_a100_rank0of2_nccl_data").read_bytes()))
-    events = doc["traceEvents"]
     bad = [{"ph": "X", "cat": "kernel", "name": "neg", "pid": 0, "tid": 7, "ts": 10.0, "dur": -1.0},
            {"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 1, "tid": 1, "dur": 2.0},
            {"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0,
             "args": {"External id": 2**70}},
            {"ph": "X", "cat": "cpu_op", "name": 5, "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
-    step = len(events) // 9
-    for i in range(8):  # 8 bad events, evenly spread
-        events.insert((i + 1) * step, dict(bad[i % len(bad)]))
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(doc))
-    monkeypatch.setattr(decode, "CHUNK_BYTES", 256 << 10)
-    ser = load_trace(path, workers=1)
-    par = load_trace(path, workers=2, parallel_min_bytes=1)
+    ser, par = _planted_serial_and_parallel(bad, tmp_path, monkeypatch)
     assert len(spy) == 1
     assert par.meta["skipped_events"] == 8 == ser.meta["skipped_events"]
     assert par.meta["skipped_reasons"] == ser.meta["skipped_reasons"]
@@ -200,18 +205,9 @@ def test_hung_worker_is_killed_and_serial_decode_takes_over(tmp_path, monkeypatc
 
 def test_parallel_unread_counts_add_up(tmp_path, monkeypatch, spy):
     """Events of kinds no column reads, spread over every process's share: counted once each."""
-    doc = json.loads(gzip.decompress(trace_named("hta_a100_rank0of2_nccl_data").read_bytes()))
-    events = doc["traceEvents"]
     odd = [{"ph": "X", "cat": "xpu_runtime", "name": "launch", "pid": 1, "tid": 1, "ts": 10.0, "dur": 1.0},
            {"ph": "B", "name": "b", "pid": 1, "tid": 1, "ts": 10.0}]
-    step = len(events) // 9
-    for i in range(8):
-        events.insert((i + 1) * step, dict(odd[i % 2]))
-    path = tmp_path / "odd.json"
-    path.write_text(json.dumps(doc))
-    monkeypatch.setattr(decode, "CHUNK_BYTES", 256 << 10)
-    ser = load_trace(path, workers=1)
-    par = load_trace(path, workers=2, parallel_min_bytes=1)
+    ser, par = _planted_serial_and_parallel(odd, tmp_path, monkeypatch)
     assert len(spy) == 1
     assert dict(par.meta["unread_events"]) == {'"xpu_runtime"': 4, 'ph "B" events': 4} == dict(ser.meta["unread_events"])
     _assert_same(par, ser)
