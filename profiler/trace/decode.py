@@ -31,7 +31,7 @@ from profiler.trace import _columns as C
 from profiler.trace._structs import (DOC_DECODER, EVENT_DECODER, EVENTS_DECODER, EXACT_EVENT_DECODER,
                                      EXACT_EVENTS_DECODER, RAW_LIST_DECODER, SETTING_KEYS, VERSION_KEYS)
 from profiler.trace.model import NotATraceError, TraceError
-from profiler.trace.sources import Payload
+from profiler.trace.sources import Payload, other_format
 
 CHUNK_BYTES = 4 << 20  # small enough that a chunk's Structs stay in cache across column passes
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
@@ -55,6 +55,9 @@ class FileData:
 
 
 def _json_error(label: str, buf: Any, exc: Exception) -> TraceError:
+    what = other_format(bytes(buf[:64]))
+    if what:  # a file of another kind handed over by mistake: say what it is
+        return TraceError(f"{label}: not a JSON trace: {what}")
     msg = str(exc)
     m = re.search(r"byte (\d+)", msg)
     if m:

@@ -26,6 +26,34 @@ from profiler.trace.model import TraceError
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_BYTES = 16 << 20  # decompress at most this much per step before checking the budget
+# Files users hand over by mistake, by their first bytes: (magic, what it is, what to do instead).
+# Only named when the JSON parse fails, so a trace that happens to start so still loads.
+OTHER_FORMATS: tuple[tuple[bytes, str], ...] = (
+    (b"SQLite format 3\x00", "an SQLite database (an Nsight Systems `nsys export --type sqlite`?); "
+                             "export the PyTorch profiler's JSON trace instead"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data; decompress it (`zstd -d`) or recompress it with gzip"),
+    (b"BZh", "bzip2-compressed data; decompress it (`bunzip2`) or recompress it with gzip"),
+    (b"\xfd7zXZ\x00", "xz-compressed data; decompress it (`unxz`) or recompress it with gzip"),
+    (b"PAR1", "a Parquet file; a saved FusionLens Trace is opened as its folder"),
+    (b"\x89HDF\r\n", "an HDF5 file"),
+    (b"%PDF", "a PDF document"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\x7fELF", "an executable (ELF)"),
+)
+PICKLE_PROTOCOLS = range(2, 6)  # b"\x80" + protocol: a CUDA memory snapshot (`_dump_snapshot`) is one
+
+
+def other_format(head: bytes) -> str | None:
+    """What a file that is not JSON looks like from its first bytes (None: nothing recognised)."""
+    for magic, what in OTHER_FORMATS:
+        if head.startswith(magic):
+            return what
+    if len(head) > 1 and head[0] == 0x80 and head[1] in PICKLE_PROTOCOLS:
+        return ("a Python pickle (a CUDA memory snapshot from `torch.cuda.memory._dump_snapshot`?); FusionLens "
+                "reads the profiler's JSON trace and never unpickles")
+    if b"\x00" in head[:64]:
+        return "binary data, not JSON text"
+    return None
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 

@@ -316,3 +316,45 @@ def test_unread_labels_stay_on_one_line(tmp_path):
     events = [{"ph": "X", "cat": "a\nb\u2028c\x1ed\te", "name": "e", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
     msg = _error(_write(tmp_path, "odd.json", json.dumps({"traceEvents": events})))
     assert msg.endswith('(seen: "a?b?c?d?e" x1)') and len(msg.splitlines()) == 1, msg
+
+
+def _sqlite_bytes(tmp_path) -> bytes:
+    import sqlite3
+
+    db = tmp_path / "export.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("create table CUPTI_ACTIVITY_KIND_KERNEL (start int, end int)")
+    con.commit()
+    con.close()
+    return db.read_bytes()
+
+
+def _pickle_bytes(tmp_path) -> bytes:
+    import pickle
+
+    return pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4)  # a memory snapshot's shape
+
+
+@pytest.mark.parametrize("name, make, words", [
+    ("export.sqlite", _sqlite_bytes, "an SQLite database (an Nsight Systems"),
+    ("snapshot.pickle", _pickle_bytes, "a Python pickle (a CUDA memory snapshot"),
+    ("trace.json.zst", lambda _: b"\x28\xb5\x2f\xfd" + bytes(20), "zstd-compressed data"),
+    ("trace.json.bz2", lambda _: __import__("bz2").compress(b'{"traceEvents": []}'), "bzip2-compressed data"),
+    ("trace.json.xz", lambda _: __import__("lzma").compress(b'{"traceEvents": []}'), "xz-compressed data"),
+    ("events.parquet", lambda _: b"PAR1" + bytes(40) + b"PAR1", "a Parquet file"),
+    ("blob.bin", lambda _: b"\x01\x02\x00\x00garbage", "binary data, not JSON text"),
+])
+def test_files_of_other_kinds_are_named(tmp_path, name, make, words):
+    """A file handed over by mistake (an Nsight SQLite export, a memory snapshot pickle, a trace
+    compressed with something other than gzip) is named in the one line, also inside a .gz."""
+    import gzip as gz
+
+    data = make(tmp_path)
+    for label, payload in ((name, data), (name + ".gz", gz.compress(data))):
+        msg = _error(_write(tmp_path, label, payload))
+        assert f"{label}: not a JSON trace: {words}" in msg, msg
+
+
+def test_text_that_is_not_json_keeps_the_parsers_message(tmp_path):
+    msg = _error(_write(tmp_path, "notes.json", "Traces are in /data/run1\n"))
+    assert msg.endswith("notes.json: invalid JSON (invalid character (byte 0))"), msg
