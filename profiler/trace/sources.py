@@ -237,7 +237,10 @@ def _trace_members(infos: list, name_of: Callable[[Any], str], is_file: Callable
         _check_member_name(name_of(info), label)
     members = sorted((i for i in infos if is_file(i) and _is_trace_member(name_of(i))), key=name_of)
     if not members:
-        raise TraceError(f"{label}: the {kind} archive holds no .json or .json.gz trace")
+        names = [name_of(i) for i in infos]
+        hint = (" (a torch.save checkpoint: its tensors, not a profile)"
+                if any(n.endswith("/data.pkl") or n == "data.pkl" for n in names) else "")
+        raise TraceError(f"{label}: the {kind} archive holds no .json or .json.gz trace{hint}")
     return members
 
 

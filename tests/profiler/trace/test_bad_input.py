@@ -358,3 +358,16 @@ def test_files_of_other_kinds_are_named(tmp_path, name, make, words):
 def test_text_that_is_not_json_keeps_the_parsers_message(tmp_path):
     msg = _error(_write(tmp_path, "notes.json", "Traces are in /data/run1\n"))
     assert msg.endswith("notes.json: invalid JSON (invalid character (byte 0))"), msg
+
+
+def test_a_torch_checkpoint_is_named(tmp_path):
+    """torch.save writes a zip (`<name>/data.pkl` and the tensors): said so, not just 'no trace'."""
+    import torch
+
+    torch.save({"w": torch.ones(3)}, tmp_path / "model.pt")
+    msg = _error(tmp_path / "model.pt")
+    assert msg.endswith("model.pt: the zip archive holds no .json or .json.gz trace (a torch.save checkpoint: "
+                        "its tensors, not a profile)"), msg
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as zf:
+        zf.writestr("notes.txt", "hello")
+    assert _error(tmp_path / "other.zip").endswith("other.zip: the zip archive holds no .json or .json.gz trace")
