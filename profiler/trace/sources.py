@@ -26,7 +26,8 @@ from profiler.trace.model import TraceError
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_BYTES = 16 << 20  # decompress at most this much per step before checking the budget
-# Files users hand over by mistake, by their first bytes: (magic, what it is, what to do instead).
+TRACE_SUFFIXES = (".json", ".json.gz")
+# Files users hand over by mistake, by their first bytes: (magic, what it is and what to do instead).
 # Only named when the JSON parse fails, so a trace that happens to start so still loads.
 OTHER_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"SQLite format 3\x00", "an SQLite database (an Nsight Systems `nsys export --type sqlite`?); "
@@ -54,7 +55,6 @@ def other_format(head: bytes) -> str | None:
     if b"\x00" in head[:64]:
         return "binary data, not JSON text"
     return None
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def _gib(n: int) -> str:
