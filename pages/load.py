@@ -10,7 +10,7 @@ from pages.state import current_trace, load_paths, load_uploaded, require_router
 from profiler.capture.artifacts import recent_captures
 from profiler.capture.ceilings import data_dir
 from profiler.errors import FusionLensError
-from profiler.trace.summary import summarize
+from profiler.trace.summary import summarize, unread_line
 
 require_router("pages/load.py")
 st.title("📂 Load a trace")
@@ -100,8 +100,7 @@ cols[2].metric("Skipped events", f"{summary['skipped_events']:,}",
                help="; ".join(f"{why}: {n:,}" for why, n in skipped.items()) or "every event was kept")
 unread = summary.get("unread_events") or {}
 if unread:  # events of kinds FusionLens does not model (another backend's runtime, a B/E pair)
-    st.caption(f"Not read: {sum(unread.values()):,} events of kinds FusionLens does not model ("
-               + "; ".join(f"{k} ×{v:,}" for k, v in list(unread.items())[:6]) + (" …" if len(unread) > 6 else "") + ")")
+    st.caption(f"Not read: {unread_line(unread)}")
 passed_over = summary["passed_over_files"]
 if passed_over:  # JSON found beside the traces (a config.json): read, and not a trace
     st.caption(f"Passed over {len(passed_over)} file(s) that are not traces: " + "; ".join(passed_over[:5])

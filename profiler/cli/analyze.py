@@ -88,8 +88,9 @@ def summary_lines(report: dict[str, Any], top: int = TOP_KERNELS) -> list[str]:
     lines = [f"trace: {', '.join(t['sources'])}  ranks: {t['ranks']}  events: {t['events']:,}"]
     unread = t.get("unread_events") or {}
     if unread:  # kept out of every analysis: say so before the numbers
-        lines.append(f"not read: {sum(unread.values()):,} events of kinds FusionLens does not model ("
-                     + "; ".join(f"{k} x{v:,}" for k, v in unread.items()) + ")")
+        from profiler.trace.summary import unread_line
+
+        lines.append(f"not read: {unread_line(unread)}")
     kb = report.get("kernel_breakdown") or []
     total = sum(r["total_us"] for r in kb) or 0.0
     if kb:

@@ -20,7 +20,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 @register_command("summary", "Load trace(s) as one Trace and print a short summary", _add_arguments)
 def run(args: argparse.Namespace) -> int:
     from profiler.capture.artifacts import load_traces_or_saved
-    from profiler.trace.summary import summarize
+    from profiler.trace.summary import summarize, unread_line
 
     # as `analyze`: a capture's folder (or its trace/ folder) opens its saved Parquet Trace
     trace = load_traces_or_saved(list(args.traces), max_decompressed_bytes=max_decompressed_bytes(args))
@@ -38,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
         why = "; ".join(f"{k} x{v}" for k, v in s["skipped_reasons"].items())
         print(f"skipped events: {s['skipped_events']:,} ({why})")
     if s["unread_events"]:  # events of kinds FusionLens does not model: kept out of every view
-        print(f"not read: {sum(s['unread_events'].values()):,} events of kinds FusionLens does not model "
-              f"({'; '.join(f'{k} x{v:,}' for k, v in s['unread_events'].items())})")
+        print(f"not read: {unread_line(s['unread_events'])}")
     for line in s["passed_over_files"]:  # JSON found beside the traces that is not one
         print(f"passed over: {line}")
     if args.json:

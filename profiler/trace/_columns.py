@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import msgspec
 import numpy as np
@@ -170,9 +170,10 @@ def tally_unread(unread: Counter, label: str, n: int = 1) -> None:
     unread[label] += n
 
 
-def describe_unread(unread: Counter, most: int = 4) -> str:
+def describe_unread(unread: Mapping[str, int], most: int = 4) -> str:
     """'(no category) x2, "XLA Ops" x1': the most frequent labels, for one-line messages."""
-    shown = ", ".join(f"{k} x{v:,}" for k, v in unread.most_common(most))
+    top = sorted(unread.items(), key=lambda kv: -kv[1])[:most]
+    shown = ", ".join(f"{k} x{v:,}" for k, v in top)
     return shown + (f" and {len(unread) - most} more" if len(unread) > most else "")
 
 

@@ -1,8 +1,9 @@
 """A short, JSON-ready summary of a Trace (what `python -m profiler summary` prints)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
+from profiler.trace._columns import describe_unread
 from profiler.trace.model import Trace
 from profiler.trace.schema import GPU_KINDS
 
@@ -38,3 +39,10 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "passed_over_files": [str(m) for m in meta.get("passed_over_files", ())],
         "versions": {str(k): v for k, v in meta.get("versions", {}).items()},
     }
+
+
+def unread_line(unread: Mapping[str, int], most: int = 6) -> str:
+    """'4 events of kinds FusionLens does not model ("xpu_runtime" x3, ph "B" events x1)': what the
+    Load page, `summary` and `analyze` say of `meta["unread_events"]`."""
+    return (f"{sum(unread.values()):,} events of kinds FusionLens does not model "
+            f"({describe_unread(unread, most)})")

@@ -117,7 +117,7 @@ def test_events_of_kinds_not_modelled_are_named_and_a_foreign_trace_is_one_line(
     at = _app().run()
     at.text_input(key="local_path").input(str(tmp_path / "mixed.json")).run()
     assert not at.exception and not at.error
-    assert any('Not read: 2 events of kinds FusionLens does not model (ph "B" events ×2)' in c.value
+    assert any('Not read: 2 events of kinds FusionLens does not model (ph "B" events x2)' in c.value
                for c in at.caption)
     (tmp_path / "jax.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "fusion", "pid": 1,
                                                                     "tid": 1, "ts": 1, "dur": 2}]}))
