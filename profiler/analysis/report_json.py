@@ -22,6 +22,7 @@ import pandas as pd
 from profiler.analysis import load_all
 from profiler.analysis.findings import Results
 from profiler.analysis.registry import ANALYSES
+from profiler.trace.summary import most_first
 
 REPORT_SCHEMA = "fusionlens.analysis"
 REPORT_SCHEMA_VERSION = 1
@@ -161,4 +162,4 @@ def _trace_info(trace) -> dict[str, Any]:
     return {"sources": jsonable(list(meta.get("sources", ()))), "ranks": jsonable(list(trace.ranks)),
             "events": int(len(trace.events)), "trace_schema_version": jsonable(meta.get("schema_version")),
             "skipped_events": jsonable(meta.get("skipped_events", 0)),
-            "unread_events": jsonable(dict(sorted(meta.get("unread_events", {}).items(), key=lambda kv: -kv[1])))}
+            "unread_events": most_first(meta.get("unread_events", {}))}

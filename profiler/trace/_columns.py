@@ -170,10 +170,14 @@ def tally_unread(unread: Counter, label: str, n: int = 1) -> None:
     unread[label] += n
 
 
+def most_first(unread: Mapping[str, int]) -> dict[str, int]:
+    """The unread counts, most frequent first (a saved Trace's meta.json comes back sorted by label)."""
+    return {str(k): int(v) for k, v in sorted(unread.items(), key=lambda kv: -kv[1])}
+
+
 def describe_unread(unread: Mapping[str, int], most: int = 4) -> str:
     """'(no category) x2, "XLA Ops" x1': the most frequent labels, for one-line messages."""
-    top = sorted(unread.items(), key=lambda kv: -kv[1])[:most]
-    shown = ", ".join(f"{k} x{v:,}" for k, v in top)
+    shown = ", ".join(f"{k} x{v:,}" for k, v in list(most_first(unread).items())[:most])
     return shown + (f" and {len(unread) - most} more" if len(unread) > most else "")
 
 

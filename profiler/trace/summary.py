@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from profiler.trace._columns import describe_unread
+from profiler.trace._columns import describe_unread, most_first
 from profiler.trace.model import Trace
 from profiler.trace.schema import GPU_KINDS
 
@@ -27,8 +27,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "span_us": span_us,
         "skipped_events": int(meta.get("skipped_events", 0)),
         "skipped_reasons": {str(k): int(v) for k, v in meta.get("skipped_reasons", {}).items()},
-        "unread_events": {str(k): int(v) for k, v in sorted(meta.get("unread_events", {}).items(),
-                                                             key=lambda kv: -kv[1])},  # most first
+        "unread_events": most_first(meta.get("unread_events", {})),
         "events_by_kind": {str(k): int(v) for k, v in kinds.items() if v},
         "unique_kernels": int(kernels["name"].nunique()),
         "steps": sorted(int(s) for s in ev["step"].dropna().unique()),
