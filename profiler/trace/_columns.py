@@ -165,8 +165,8 @@ def tally_unread(unread: Counter, label: str, n: int = 1) -> None:
     label = label if len(label) <= 60 else label[:59] + "…"
     if not label.isprintable():
         label = "".join(c if c.isprintable() else "?" for c in label)
-    if label not in unread and len(unread) >= MAX_UNREAD_LABELS - 1:  # one place left for UNREAD_OTHER
-        label = UNREAD_OTHER
+    if label not in unread and len(unread) - (UNREAD_OTHER in unread) >= MAX_UNREAD_LABELS - 1:
+        label = UNREAD_OTHER  # at most MAX_UNREAD_LABELS - 1 labels of their own, in any order of arrival
     unread[label] += n
 
 

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from profiler.trace import links
+from profiler.trace._columns import tally_unread
 from profiler.trace._structs import MISSING
 from profiler.trace.decode import FileData, decode_payload
 from profiler.trace.demangle import demangle_kernel_names
@@ -118,7 +119,8 @@ def _meta(frames: list[FileFrame], ranks: list[tuple[int, str]], t0: float) -> d
     per_rank = {}
     for f, (r, how) in zip(frames, ranks):
         skipped.update(f.skipped)
-        unread.update(f.meta["unread_events"])
+        for label, n in f.meta["unread_events"].items():  # bounded over all files, as within one
+            tally_unread(unread, label, n)
         per_rank[r] = {"source": f.label, "rank_source": how, "events": f.n,
                        "device_properties": f.meta["device_properties"],
                        "distributed_info": f.meta["distributed_info"], "versions": f.meta["versions"],

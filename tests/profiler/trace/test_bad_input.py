@@ -311,6 +311,21 @@ def test_unread_labels_are_bounded():
     assert max(map(len, unread)) <= 60 and any(k.endswith("…") for k in unread)
 
 
+def test_unread_labels_are_bounded_over_several_files():
+    """Two ranks with 15 made-up categories each: the Trace's total keeps to the same 20 labels
+    (each rank keeps its own 15), and the counts still add up."""
+    from profiler.trace import _columns as C
+
+    docs = [json.dumps({"traceEvents": [_kernel(0)] + [
+        {"ph": "X", "cat": f"r{r}c{i}", "name": "e", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0} for i in range(15)]}
+    ).encode() for r in range(2)]
+    tr = load_trace(docs)
+    assert [len(tr.meta["per_rank"][r]["unread_events"]) for r in (0, 1)] == [15, 15]
+    unread = dict(tr.meta["unread_events"])
+    assert len(unread) == C.MAX_UNREAD_LABELS and sum(unread.values()) == 30
+    assert unread[C.UNREAD_OTHER] == 30 - (C.MAX_UNREAD_LABELS - 1)
+
+
 def test_unread_labels_stay_on_one_line(tmp_path):
     """A category with a line break or control characters (JSON escapes) ends up in a one-line error."""
     events = [{"ph": "X", "cat": "a\nb\u2028c\x1ed\te", "name": "e", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
