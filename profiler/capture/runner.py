@@ -42,10 +42,14 @@ def _rank() -> int:
 
 
 def loss_of(out: Any) -> torch.Tensor:
-    """`out.loss` if present, a 0-dim tensor as is, else the mean of the first tensor output."""
+    """`out.loss` (or `out["loss"]` of a plain dict, as Lightning-style steps return) if present,
+    reduced by its mean when it is per-sample; a 0-dim tensor as is; else the mean of the first
+    floating-point tensor output."""
     loss = getattr(out, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
+    if loss is None and isinstance(out, Mapping):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point():
+        return loss if loss.dim() == 0 else loss.float().mean()
     if isinstance(out, torch.Tensor) and out.dim() == 0:
         return out
     if isinstance(out, Mapping):

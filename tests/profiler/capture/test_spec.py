@@ -207,6 +207,15 @@ def test_loss_rules():
     assert loss_of(torch.tensor(2.0)).item() == 2.0
     assert loss_of((torch.tensor([1.0, 3.0]), torch.tensor(9.0))).item() == 2.0
     assert loss_of({"logits": torch.tensor([[4.0, 6.0]])}).item() == 5.0
+    # a plain dict's "loss" is the loss, wherever it stands (not the mean of the logits before it)
+    assert loss_of({"logits": torch.tensor([[4.0, 6.0]]), "loss": torch.tensor(0.5)}).item() == 0.5
+    # a per-sample loss (reduction="none") trains its mean; backward() needs a scalar
+    per_sample = torch.tensor([1.0, 2.0, 6.0], requires_grad=True)
+    loss = loss_of({"loss": per_sample})
+    assert loss.dim() == 0 and loss.item() == 3.0
+    loss.backward()
+    assert torch.equal(per_sample.grad, torch.full((3,), 1 / 3))
+    assert loss_of(type("O", (), {"loss": torch.tensor([2.0, 4.0])})()).item() == 3.0
     with pytest.raises(TypeError, match=r"no floating-point tensor to train on \(only int64 tensors\)"):
         loss_of((torch.tensor([1, 2]),))
     with pytest.raises(TypeError, match=r"\(a str without tensors\)"):
