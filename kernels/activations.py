@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.arguments import typed_arguments
 from kernels.double_backward import eager_backward, vjp_of
 from kernels.providers import provider_ops
 from kernels.registry import (KERNELS, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output, op_only_cost,
@@ -340,12 +341,14 @@ GEGLU_SPEC = register_kernel(KernelSpec(
 
 
 # ---------------------------------------------------------------- public API
+@typed_arguments
 def gelu(x: torch.Tensor, approximate: str = "none", *, provider: str | None = None) -> torch.Tensor:
     """GELU of x (erf, or tanh with approximate='tanh')."""
     _gelu_kind(approximate)
     return dispatch("gelu", x, approximate, provider=provider)
 
 
+@typed_arguments
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *,
               provider: str | None = None) -> torch.Tensor:
     """gelu(x + bias), bias a vector over x's last dim."""
@@ -353,11 +356,13 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *,
     return dispatch("bias_gelu", x, bias, approximate, provider=provider)
 
 
+@typed_arguments
 def swiglu(a: torch.Tensor, b: torch.Tensor, *, provider: str | None = None) -> torch.Tensor:
     """silu(a) * b."""
     return dispatch("swiglu", a, b, provider=provider)
 
 
+@typed_arguments
 def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none", *,
           provider: str | None = None) -> torch.Tensor:
     """gelu(a) * b."""

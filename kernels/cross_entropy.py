@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.arguments import typed_arguments
 from kernels.autocast import LOW_PRECISION
 from kernels.cross_entropy_rows import REDUCTIONS, ROW_OPS, CrossEntropyError, cast_output, validate
 from kernels.double_backward import eager_backward, vjp_of
@@ -155,6 +156,7 @@ SPEC = register_kernel(KernelSpec(
 ))
 
 
+@typed_arguments
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean",
                   provider: str | None = None) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.arguments import typed_arguments
 from kernels.double_backward import create_graph, refuse
 from kernels.cross_entropy_rows import ROW_OPS, CrossEntropyError, cast_output, validate
 from kernels.registry import FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, has_data, new_output, register_kernel
@@ -262,6 +263,7 @@ SPEC = register_kernel(KernelSpec(
 ))
 
 
+@typed_arguments
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                bias: torch.Tensor | None = None, chunk_size: int | None = None, *,
                                ignore_index: int = -100, label_smoothing: float = 0.0,

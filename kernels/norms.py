@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.arguments import typed_arguments
 from kernels.autocast import LOW_PRECISION, AutocastRule, up
 from kernels.norm_function import apply_norm
 from kernels.registry import Cost, KernelSpec, Supports, dispatch, io_bytes, op_only_cost, register_kernel, register_op_cost
@@ -337,7 +338,9 @@ ADD_RMS_NORM = register_kernel(KernelSpec(
 
 
 # ---------------------------------------------------------------- public functional API
-def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, provider: str | None = None):
+@typed_arguments
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5, *, provider: str | None = None):
     """LayerNorm over the last dim of x; weight/bias optional ([N] or None)."""
     return dispatch("layer_norm", x, weight, bias, eps, provider=provider)
 
@@ -350,21 +353,25 @@ def _eps(x: torch.Tensor, eps: float | None) -> float:
     return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
 
 
-def rms_norm(x, weight=None, eps: float | None = 1e-6, offset: float = 0.0, *, casting: str | None = None,
-             provider: str | None = None):
+@typed_arguments
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, offset: float = 0.0,
+             *, casting: str | None = None, provider: str | None = None):
     """RMSNorm over the last dim; offset=1.0 for Gemma's (1 + w). casting: "llama" | "gemma".
     eps=None: as torch.nn.RMSNorm (fp32's machine epsilon; fp64's for fp64 x)."""
     return dispatch("rms_norm", x, weight, _eps(x, eps), offset, casting, provider=provider)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps: float = 1e-5, *,
-                   provider: str | None = None):
+@typed_arguments
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, eps: float = 1e-5, *, provider: str | None = None):
     """(x + residual, layer_norm(x + residual)) in one pass."""
     return dispatch("add_layer_norm", x, residual, weight, bias, eps, provider=provider)
 
 
-def add_rms_norm(x, residual, weight=None, eps: float | None = 1e-6, offset: float = 0.0, *,
-                 casting: str | None = None, provider: str | None = None):
+@typed_arguments
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float | None = 1e-6, offset: float = 0.0, *, casting: str | None = None,
+                 provider: str | None = None):
     """(x + residual, rms_norm(x + residual)) in one pass."""
     return dispatch("add_rms_norm", x, residual, weight, _eps(x, eps), offset, casting, provider=provider)
 

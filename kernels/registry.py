@@ -453,14 +453,13 @@ def _input_reason(spec: KernelSpec, chosen: str, error: BaseException, args: tup
     them too; None for other failures (out of memory, a provider's own error)."""
     if chosen != "reference" or isinstance(error, torch.OutOfMemoryError):
         return None
-    try:
-        reason = spec.supports.check(*args, **kwargs) if spec.supports.check else None
-    except Exception:  # a check that cannot read these inputs explains nothing
-        reason = None
     dtype = _dtype(args)
-    if reason is None and dtype is not None and not dtype.is_floating_point:
-        reason = f"{str(dtype).removeprefix('torch.')} input (it takes floating tensors)"
-    return reason
+    if dtype is not None and not dtype.is_floating_point:  # the cause, before any mismatch it leads to
+        return f"{str(dtype).removeprefix('torch.')} input (it takes floating tensors)"
+    try:
+        return spec.supports.check(*args, **kwargs) if spec.supports.check else None
+    except Exception:  # a check that cannot read these inputs explains nothing
+        return None
 
 
 def _distinct_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

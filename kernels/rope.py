@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.arguments import typed_arguments
 from kernels.double_backward import eager_backward
 from kernels.providers import provider_ops
 from kernels.registry import (FLOAT_DTYPES, Cost, KernelSpec, Supports, dispatch, io_bytes, new_output_like,
@@ -199,6 +200,7 @@ ROPE_SPEC = register_kernel(KernelSpec(
 
 
 # ---------------------------------------------------------------- public API
+@typed_arguments
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
          provider: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding of q and k (see the module docstring for layouts)."""

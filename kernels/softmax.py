@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.arguments import typed_arguments
 from kernels.autocast import AutocastRule, up
 from kernels.double_backward import eager_backward
 from kernels.providers import provider_ops
@@ -213,6 +214,7 @@ def _validate(x: torch.Tensor, dim: int, mask: torch.Tensor | None, causal: bool
         raise ValueError("softmax: causal masking runs over the last two dims and needs dim=-1")
 
 
+@typed_arguments
 def softmax(x: torch.Tensor, dim: int = -1, scale: float = 1.0, mask: torch.Tensor | None = None,
             causal: bool = False, *, provider: str | None = None) -> torch.Tensor:
     """softmax(x * scale + mask) along dim, optionally causal (see the module docstring)."""

@@ -185,6 +185,8 @@ BAD_INPUTS = {
     "layer_norm": (lambda x: kernels.layer_norm(x, torch.ones(7), torch.zeros(7), 1e-5),
                    "parameter of shape \\(7,\\) does not match the last dim 8"),
     "layer_norm dtype": (lambda x: kernels.layer_norm(x.long(), None, None, 1e-5), "int64 input"),
+    # the integer input is the cause, not the "mixed dtypes" it makes with a float weight
+    "rms_norm dtype": (lambda x: kernels.rms_norm(x.long(), torch.ones(8), 1e-5), "int64 input \\(it takes floating"),
     "swiglu": (lambda x: kernels.swiglu(x, torch.randn(4, 7)), "same shape"),
     "bias_gelu": (lambda x: kernels.bias_gelu(x, torch.ones(5)), "bias \\(5,\\)"),
     "softmax": (lambda x: kernels.softmax(x, mask=torch.zeros(3, 8)), "does not broadcast"),
