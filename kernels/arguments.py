@@ -58,8 +58,8 @@ def typed_arguments(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except Exception as error:
-            if str(error).startswith(prefix):  # already one line naming the kernel
-                raise
+            if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or str(error).startswith(prefix):
+                raise  # out of memory is never an argument's kind; our own lines already name the kernel
             wrong = wrong_argument(signature, args, kwargs)
             if wrong is None:
                 raise

@@ -80,6 +80,13 @@ def test_unrelated_failures_are_not_blamed_on_an_argument() -> None:
     with pytest.raises(TypeError, match="unexpected keyword"):  # a call that does not bind: Python's own error
         toy(X, nope=1)
 
+    @typed_arguments
+    def scaled(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # eager takes a float scale too
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):  # not blamed on the float scale
+        scaled(X, 2.0)
+
 
 def test_signatures_stay_readable() -> None:
     """help() and the public-API contract read the wrapped function's own signature."""
