@@ -58,7 +58,17 @@ ZERO_FLOP_OPS = frozenset({
     "nonzero", "nonzero_static", "searchsorted", "bucketize", "_is_all_true", "_is_any_true", "eye",
     "im2col", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_unique2", "unique_dim",
     "unique_consecutive", "exponential_", "geometric_", "cauchy_", "log_normal_",
+    # rearrangement, padding and placement (formulas_layers' docstring)
+    "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "diag_embed",
+    "diagonal_copy", "diagonal_backward", "rot90", "block_diag", "masked_select", "masked_scatter",
+    "index_fill", "index_fill_", "max_unpool2d", "max_unpool3d", "reflection_pad1d", "reflection_pad2d",
+    "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
+    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+    "_pack_padded_sequence", "_pad_packed_sequence", "_linalg_check_errors", "_efficientzerotensor",
 })
+# Ops whose outputs are views of their input although their schemas carry no alias annotation
+# (ATen's "unsafe" split/chunk, which RNN cells use to split their gates): cost 0, like views.
+UNANNOTATED_VIEWS = frozenset({"unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes"})
 
 
 @lru_cache(maxsize=None)
@@ -66,6 +76,8 @@ def is_view(func: Any) -> bool:
     """True when every return of `func` aliases an input without writing it (views, alias ops), or
     `func` changes only an input's metadata in place (squeeze_, t_, as_strided_: tag inplace_view)."""
     if getattr(func, "is_view", False) or torch.Tag.inplace_view in func.tags:
+        return True
+    if func._schema.name.split("::")[-1] in UNANNOTATED_VIEWS:
         return True
     returns = func._schema.returns
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
@@ -174,7 +186,7 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[float, str
     if name in ZERO_FLOP_OPS:
         return 0.0, "data-movement"
     tags = set(func.tags)
-    if torch.Tag.pointwise in tags:
+    if torch.Tag.pointwise in tags or fm.tabled_pointwise(name) is not None:  # the table names untagged ones too
         return float(fm.pointwise_flops(func, args, kwargs, out)), "pointwise"
     if getattr(torch.Tag, "reduction", None) in tags:
         return float(fm.reduction_flops(func, args, kwargs, out)), "reduction"

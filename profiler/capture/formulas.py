@@ -3,7 +3,8 @@
 FLOPs start from `torch.utils.flop_counter.flop_registry` (matmul, conv, GPU attention: torch's own
 formulas, unchanged) and add what it counts as 0. Conventions (per element of the named tensor;
 N = numel, R = rows, i.e. N / normalized size):
-- pointwise ops (aten tag `pointwise`): `POINTWISE_FLOPS[name]` per output element, default 1
+- pointwise ops (aten tag `pointwise`, or named in the table): `POINTWISE_FLOPS[name]` (an
+  in-place form: its op's) per output element, default 1
   (a transcendental counts 1; data movement such as clone/copy/where/masked_fill counts 0);
   the fused forms count what their textbook decomposition counts (tanh-GELU 8, erf-GELU 5,
   sigmoid 4, SiLU 5), so a fused op and its naive chain carry the same FLOPs; backward
@@ -108,6 +109,10 @@ POINTWISE_FLOPS: dict[str, float] = {
     # backward pointwise: about twice the forward
     "sigmoid_backward": 3, "tanh_backward": 3, "silu_backward": 10, "threshold_backward": 1,
     "hardswish_backward": 8, "elu_backward": 6, "leaky_relu_backward": 2,
+    # untagged elementwise ops (no `pointwise` tag; this table is their rule): a select by a
+    # comparison counts 1, as threshold_backward; rrelu as leaky_relu (its slope drawn or fixed)
+    "hardtanh_backward": 1, "softshrink_backward": 1, "hardshrink_backward": 1,
+    "rrelu_with_noise": 2, "rrelu_with_noise_": 2, "rrelu_with_noise_backward": 2,
 }
 GELU_FLOPS = {"tanh": 8, "none": 5}  # per element, forward; backward counts twice that
 REDUCTION_FLOPS: dict[str, float] = {"var": 3, "std": 3, "var_mean": 3, "std_mean": 3,
@@ -121,8 +126,16 @@ def pointwise_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         per = GELU_FLOPS.get(str(kwargs.get("approximate", args[-1] if isinstance(args[-1], str) else "none")), 5)
         per *= 2 if name == "gelu_backward" else 1
     else:
-        per = POINTWISE_FLOPS.get(name, 1)
+        per = tabled_pointwise(name) or 1
     return int(per * sum(numel(t) for t in tensors(out)))
+
+
+def tabled_pointwise(name: str) -> float | None:
+    """POINTWISE_FLOPS's count for op `name`; an in-place form (sigmoid_, silu_ of
+    nn.SiLU(inplace=True)) counts as its out-of-place op. None when the table does not name it."""
+    if name in POINTWISE_FLOPS:
+        return POINTWISE_FLOPS[name]
+    return POINTWISE_FLOPS.get(name[:-1]) if name.endswith("_") and not name.endswith("__") else None
 
 
 def reduction_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
@@ -287,4 +300,4 @@ def no_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     return 0
 
 
-from profiler.capture import formulas_ext  # noqa: E402,F401  (registers the rest of the formulas)
+from profiler.capture import formulas_ext, formulas_layers  # noqa: E402,F401  (register the rest of the formulas)

@@ -27,7 +27,14 @@ them. Conventions as in `formulas` (per element of the named tensor; a multiply-
   accumulates its weight gradient with addmm_), addbmm 2BMKN, mv/addmv 2MK, dot/vdot 2N, addr
   2MN; cross product 3 per output element; cdist 3D per distance (difference, square, sum);
 - AMP's GradScaler (fp16 autocast training): unscaling 1 per gradient element (the multiply; the
-  finiteness check is a comparison, 0), the scale update 2 (scale and growth tracker, one element).
+  finiteness check is a comparison, 0), the scale update 2 (scale and growth tracker, one element);
+- dense linear algebra, per matrix of a batch (n x n, or m x n with l = max and k = min), the
+  textbook counts of Golub & Van Loan: Cholesky n^3/3, LU (det, slogdet, lu_factor) l k^2 - k^3/3,
+  inverse 2n^3, solve 2n^3/3 + 2n^2 per right-hand side (lu_solve only the 2n^2), Householder QR
+  2 l k^2 - 2k^3/3 (twice that forming Q), symmetric eigen 4n^3/3 (9n^3 with vectors), general
+  eigen 10n^3 (25n^3 with vectors), SVD 4 l k^2 - 4k^3/3 for the values (thin U, V 6 l k^2 + 20k^3;
+  full U 4 l^2 k + 22k^3), lstsq QR + 2mnk + k^2 per right-hand side, pinv a thin SVD + 2mnk. The
+  matrix exponential's count depends on its norm (the degree and squarings chosen): no rule.
 """
 from __future__ import annotations
 
@@ -36,7 +43,7 @@ from typing import Any
 
 import torch
 
-from profiler.capture.formulas import FLOP_FORMULAS, _first_out, _packets, aten, numel, register_flops
+from profiler.capture.formulas import FLOP_FORMULAS, _first_out, _packets, aten, numel, register_flops, tensors
 
 
 def _grouped_extent(offs: Any, full: int) -> int:
@@ -233,3 +240,108 @@ def amp_unscale_flops(grads, found_inf, inv_scale, *args, out_val=None, **kwargs
 
 
 register_flops(*_packets("_amp_update_scale_", "_amp_update_scale"))(_per_input(2))
+
+
+# ---------------------------------------------------------------- dense linear algebra (LAPACK counts)
+def _matrices(a: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, rows, columns) of a stack of matrices [..., m, n]."""
+    m, n = (a.shape[-2], a.shape[-1]) if a.dim() >= 2 else (a.shape[-1] if a.dim() else 1, 1)
+    return (numel(a) // (m * n) if m * n else 0), m, n
+
+
+def _columns(b: torch.Tensor) -> int:
+    """Right-hand sides of a solve: a vector counts 1."""
+    return b.shape[-1] if b.dim() >= 2 else 1
+
+
+def _qr(m: int, n: int, with_q: bool) -> float:
+    """Householder QR of m x n (Golub & Van Loan): 2 l k^2 - 2 k^3 / 3, twice that to form Q."""
+    long, short = max(m, n), min(m, n)
+    return (2 * long * short ** 2 - 2 * short ** 3 / 3) * (2 if with_q else 1)
+
+
+@register_flops(*_packets("linalg_cholesky_ex", "cholesky"))
+def cholesky_flops(a, *args, out_val=None, **kwargs) -> int:
+    b, n, _ = _matrices(a)
+    return int(b * n ** 3 / 3)
+
+
+@register_flops(*_packets("_linalg_det", "_linalg_slogdet", "linalg_lu_factor_ex", "linalg_lu"))
+def lu_flops(a, *args, out_val=None, **kwargs) -> int:
+    """LU with partial pivoting (Golub & Van Loan): l k^2 - k^3 / 3, 2 n^3 / 3 square (the
+    determinant's product of the pivots: k more)."""
+    b, m, n = _matrices(a)
+    long, short = max(m, n), min(m, n)
+    return int(b * (long * short ** 2 - short ** 3 / 3 + short))
+
+
+@register_flops(*_packets("linalg_inv_ex"))
+def inverse_flops(a, *args, out_val=None, **kwargs) -> int:
+    b, n, _ = _matrices(a)
+    return int(b * 2 * n ** 3)
+
+
+@register_flops(*_packets("_linalg_solve_ex"))
+def solve_flops(a, rhs, *args, out_val=None, **kwargs) -> int:
+    """LU (2 n^3 / 3) and two triangular solves per right-hand side (2 n^2 each)."""
+    b, n, _ = _matrices(a)
+    return int(b * (2 * n ** 3 / 3 + 2 * n ** 2 * _columns(rhs)))
+
+
+@register_flops(*_packets("linalg_lu_solve"))
+def lu_solve_flops(lu, pivots, rhs, *args, out_val=None, **kwargs) -> int:
+    b, n, _ = _matrices(lu)
+    return int(b * 2 * n ** 2 * _columns(rhs))
+
+
+@register_flops(*_packets("linalg_qr"))
+def qr_flops(a, mode="reduced", *args, out_val=None, **kwargs) -> int:
+    b, m, n = _matrices(a)
+    return int(b * _qr(m, n, with_q=str(mode) != "r"))
+
+
+@register_flops(*_packets("_linalg_eigh"))
+def eigh_flops(a, uplo="L", compute_v=True, *args, out_val=None, **kwargs) -> int:
+    """Symmetric QR algorithm (Golub & Van Loan): 4 n^3 / 3 for the values, 9 n^3 with vectors."""
+    b, n, _ = _matrices(a)
+    return int(b * (9 * n ** 3 if compute_v else 4 * n ** 3 / 3))
+
+
+@register_flops(*_packets("linalg_eig", "_linalg_eigvals"))
+def eig_flops(a, *args, out_val=None, **kwargs) -> int:
+    """Hessenberg QR algorithm (Golub & Van Loan): 10 n^3 for the values, 25 n^3 with vectors
+    (linalg_eig always computes them)."""
+    b, n, _ = _matrices(a)
+    vectors = len(tensors(out_val)) > 1
+    return int(b * (25 if vectors else 10) * n ** 3)
+
+
+@register_flops(*_packets("_linalg_svd"))
+def svd_flops(a, full_matrices=True, compute_uv=True, *args, out_val=None, **kwargs) -> int:
+    """Golub-Kahan (Golub & Van Loan, l >= k): values 4 l k^2 - 4 k^3 / 3; thin U and V
+    6 l k^2 + 20 k^3 (R-SVD); full U 4 l^2 k + 22 k^3."""
+    b, m, n = _matrices(a)
+    long, short = max(m, n), min(m, n)
+    if not compute_uv:
+        per = 4 * long * short ** 2 - 4 * short ** 3 / 3
+    elif full_matrices:
+        per = 4 * long ** 2 * short + 22 * short ** 3
+    else:
+        per = 6 * long * short ** 2 + 20 * short ** 3
+    return int(b * per)
+
+
+@register_flops(*_packets("linalg_lstsq"))
+def lstsq_flops(a, rhs, *args, out_val=None, **kwargs) -> int:
+    """QR of A, Q^T B (2 m n k) and a triangular solve (n^2 k)."""
+    b, m, n = _matrices(a)
+    k = _columns(rhs)
+    return int(b * (_qr(m, n, with_q=False) + 2 * m * n * k + min(m, n) ** 2 * k))
+
+
+@register_flops(*_packets("linalg_pinv"))
+def pinv_flops(a, *args, out_val=None, **kwargs) -> int:
+    """A thin SVD and V diag(1/s) U^T (2 m n k)."""
+    b, m, n = _matrices(a)
+    long, short = max(m, n), min(m, n)
+    return int(b * (6 * long * short ** 2 + 20 * short ** 3 + 2 * m * n * short))

@@ -7,11 +7,16 @@ recorded step, the same program every step) is matched greedily in order:
 
 - candidates are the profiled cpu_ops (by start time, parents first) whose name the recorder
   saw, skipping those nested inside an earlier candidate on the same thread (an inner
-  aten::copy_ of aten::_to_copy is part of it, never a recorded copy_ of its own);
+  aten::copy_ of aten::_to_copy is part of it, never a recorded copy_ of its own) and composites
+  that wrap another overload of their own op beside other recorded ops (aten::where with a
+  scalar: its scalar_tensor and where are the candidates, as the recorder sees them);
 - candidates and recorded ops are aligned in order by name (`align`: walk together, resynchronise
   after a mismatch at the smallest skip that agrees for a few names), so an op present on one
   side only is one miss, never a shift of everything after it; an in-place and an out-of-place
-  form align (`canonical`);
+  form align (`canonical`), and so do new_zeros and zeros;
+- a recorded op left unmatched whose neighbour matched an op that nests one of its name (the
+  clone an in-place op's autograd kernel makes, which the recorder sees beside it) is matched to
+  that nested row (`nested_matches`);
 - views and aliases (aten::t, view, detach, ...) cost 0 by definition: they are not matched (the
   recorder sees detaches autograd makes for saved tensors that the profiler does not show) and
   every profiled op of a recorded view name gets 0 FLOPs and 0 bytes.
@@ -80,11 +85,41 @@ def _steps_of(events: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
     return step
 
 
+# Ops that do the same work under two names: a composite picks the other one under a dispatch mode
+# (which makes every tensor "subclass-like": topk's backward zeros its gradient with new_zeros there).
+SAME_WORK = {"aten::new_zeros": "aten::zeros", "aten::new_ones": "aten::ones", "aten::new_full": "aten::full"}
+
+
 def canonical(name: str) -> str:
     """In-place and out-of-place forms align (aten::add_ ~ aten::add): autograd accumulates
     gradients in place in a real run but out of place under a dispatch mode; both move the same
-    bytes and do the same FLOPs."""
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    bytes and do the same FLOPs. So do the pairs in SAME_WORK."""
+    name = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    return SAME_WORK.get(name, name)
+
+
+def same_name_wrappers(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray,
+                       wanted: set[str]) -> set[int]:
+    """Rows that run another overload of their own op beside other recorded ops, as direct
+    children on the same thread: a composite the recorder sees decomposed (aten::where with a
+    scalar makes an aten::scalar_tensor and calls aten::where.self). A row whose only recorded
+    child is its own name (aten::arange calling arange.start_out) is an op the recorder sees
+    whole. Rows sorted by start."""
+    stacks: dict[int, list[int]] = {}
+    same: set[int] = set()
+    other: set[int] = set()
+    for j, name in enumerate(names):
+        stack = stacks.setdefault(tid[j], [])
+        while stack and end[stack[-1]] <= ts[j]:
+            stack.pop()
+        if stack and end[j] <= end[stack[-1]]:
+            parent = stack[-1]
+            if names[parent] == name:
+                same.add(parent)
+            elif name in wanted:
+                other.add(parent)
+        stack.append(j)
+    return same & other
 
 
 def candidates(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray, wanted: set[str]) -> list[int]:
@@ -92,11 +127,14 @@ def candidates(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarra
 
     Rows are sorted by start (parents first). A row nested inside an earlier candidate on the same
     thread is an implementation detail of it (aten::copy_ inside aten::_to_copy) and is skipped.
+    A same-name wrapper is no candidate itself: the recorder sees what it runs (below autograd, a
+    composite arrives decomposed), so its children are (aten::where's scalar_tensor and where).
     """
+    wrappers = same_name_wrappers(names, ts, end, tid, wanted)
     open_until: dict[int, float] = {}
     out: list[int] = []
     for j, name in enumerate(names):
-        if name not in wanted or ts[j] < open_until.get(tid[j], -np.inf):
+        if name not in wanted or j in wrappers or ts[j] < open_until.get(tid[j], -np.inf):
             continue
         out.append(j)
         open_until[tid[j]] = end[j]
@@ -141,11 +179,36 @@ def match_sequence(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.nd
     wanted = [canonical(n) for n in recorded]
     cand = candidates(names, ts, end, tid, set(wanted))
     pairs = align([names[k] for k in cand], wanted)
-    prof_idx = [cand[p] for p, _ in pairs]
-    rec_idx = [r for _, r in pairs]
-    hit = set(rec_idx)
-    missing = Counter(n for r, n in enumerate(recorded) if r not in hit)
+    matched = {r: cand[p] for p, r in pairs}
+    matched.update(nested_matches(names, ts, end, tid, wanted, matched))
+    rec_idx = sorted(matched)
+    prof_idx = [matched[r] for r in rec_idx]
+    missing = Counter(n for r, n in enumerate(recorded) if r not in matched)
     return prof_idx, rec_idx, missing
+
+
+def nested_matches(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray, wanted: list[str],
+                   matched: dict[int, int]) -> dict[int, int]:
+    """{recorded position: profiled row} for recorded ops left unmatched whose counterpart the
+    profile nests inside the op matched to a recorded neighbour: an in-place op's autograd kernel
+    clones a tensor saved for backward before it runs (GRU cells: `aten::mul_` holds the
+    `aten::clone` the recorder sees just before it). Same name, inside that op's span, unused."""
+    used = set(matched.values())
+    found: dict[int, int] = {}
+    for r, name in enumerate(wanted):
+        if r in matched:
+            continue
+        for neighbour in (r + 1, r - 1):
+            host = matched.get(neighbour)
+            if host is None:
+                continue
+            inside = next((j for j in range(host + 1, len(names))
+                           if ts[j] >= end[host] or (tid[j] == tid[host] and names[j] == name and j not in used)), None)
+            if inside is not None and ts[inside] < end[host]:
+                found[r] = inside
+                used.add(inside)
+                break
+    return found
 
 
 def _gpu_costs(events: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, matched: np.ndarray,

@@ -225,3 +225,49 @@ def test_capture_of_fusionlens_kernels_counts_them(tmp_path):
     # FLOPs as kernels.op_cost counts them: rms forward over 2 x 8 x 32 with weight and residual
     rms = computed[computed["name"] == "fusionlens::rms_norm_fwd"]
     assert rms["flops"].tolist() == [(4 + 1 + 1) * 2 * 8 * 32]
+
+
+def _joined(rows, recorded):
+    """external_id -> (flops, bytes) and the stats of joining `recorded` (name, flops) to `rows`
+    (name, ts, dur) of one step on one thread."""
+    ev = events([("cpu_op", n, ts, dur, 1, 1, i) for i, (n, ts, dur) in enumerate(rows)])
+    out, stats = join_costs(ev, costs([(n, f, 8, "formula") for n, f in recorded]))
+    got = dict(zip(out["external_id"].astype(int), out["flops"]))
+    return got, stats
+
+
+def test_a_composite_around_another_overload_of_its_op_gives_way_to_what_it_runs():
+    """aten::where(cond, x, 0.0) in a backward: the profiler nests a scalar_tensor and where.self
+    in the composite; the recorder sees those two (it matched the outer where and lost the
+    scalar_tensor, and with two of them in a row, a where too)."""
+    rows = [("aten::div", 0, 5), ("aten::where", 10, 10), ("aten::scalar_tensor", 11, 1), ("aten::where", 13, 5),
+            ("aten::where", 30, 10), ("aten::scalar_tensor", 31, 1), ("aten::where", 33, 5), ("aten::neg", 50, 5)]
+    recorded = [("aten::div", 1), ("aten::scalar_tensor", 0), ("aten::where", 0), ("aten::scalar_tensor", 0),
+                ("aten::where", 0), ("aten::neg", 2)]
+    got, stats = _joined(rows, recorded)
+    assert stats.match_rate == 1.0
+    assert {i for i, f in got.items() if not np.isnan(f)} == {0, 2, 3, 5, 6, 7}  # the inner rows
+
+
+def test_an_op_calling_its_own_name_alone_is_matched_whole():
+    """aten::arange runs arange.start_out: the recorder sees the outer op, whose shapes those are."""
+    got, stats = _joined([("aten::arange", 0, 10), ("aten::arange", 2, 6), ("aten::mul", 20, 5)],
+                         [("aten::arange", 0), ("aten::mul", 4)])
+    assert stats.match_rate == 1.0 and got[0] == 0 and np.isnan(got[1]) and got[2] == 4
+
+
+def test_a_clone_nested_in_an_in_place_op_is_matched_inside_it():
+    """A GRU cell's mul_ clones a tensor saved for backward inside its autograd kernel: the
+    profiler nests the clone in the mul_, the recorder sees it just before."""
+    rows = [("aten::sigmoid_", 0, 5), ("aten::mul_", 10, 10), ("aten::clone", 11, 3), ("aten::copy_", 12, 1),
+            ("aten::add", 30, 5)]
+    got, stats = _joined(rows, [("aten::sigmoid_", 4), ("aten::clone", 0), ("aten::mul_", 1), ("aten::add", 1)])
+    assert stats.match_rate == 1.0 and stats.unmatched_names == {}
+    assert got[2] == 0 and got[1] == 1 and np.isnan(got[3])
+
+
+def test_new_zeros_and_zeros_align():
+    """Under the recorder's dispatch mode topk's backward zeros its gradient with new_zeros."""
+    got, stats = _joined([("aten::zeros", 0, 5), ("aten::scatter_", 10, 5)],
+                         [("aten::new_zeros", 0), ("aten::scatter", 3)])
+    assert stats.match_rate == 1.0 and got[1] == 3
