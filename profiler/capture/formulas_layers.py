@@ -18,7 +18,8 @@ or a select 0; backward about twice the forward):
   the two are equal). Backward twice the forward (the two GEMMs per weight of any matmul);
 - embedding bags: 1 per gathered element (sum, mean or max over the bag), + 1 per gathered element
   with per-sample weights, + 1 per output element for mean; backward the same per gathered
-  element (scatter-add), per-sample weights' gradient 2 (a dot product per index);
+  element (scatter-add), per-sample weights' gradient 2 (a dot product per index). Bytes: the rows
+  gathered, one per index, not the whole table (as `formulas.embedding_bytes`);
 - PReLU 2 per element, its backward 4 (both gradients); nn.Bilinear's `_trilinear`: the product of
   the first two inputs over their broadcast, then a multiply-add per point of the whole broadcast
   space (3 per point for x1 W x2);
@@ -57,7 +58,7 @@ from typing import Any, Sequence
 
 import torch
 
-from profiler.capture.formulas import _first_out, _packets, numel, register_flops, tensors
+from profiler.capture.formulas import _first_out, _packets, numel, register_bytes, register_flops, tensor_bytes, tensors
 
 # ---------------------------------------------------------------- recurrent layers
 CELL_FLOPS = {4: 18, 3: 15, 1: 1}  # gates -> pointwise FLOPs per hidden unit per token (LSTM, GRU, RNN)
@@ -165,6 +166,23 @@ def embedding_bag_sparse_backward_flops(grad, indices, offsets, offset2bag, bag_
                                         scale_grad_by_freq, mode, per_sample_weights=None, *args,
                                         out_val=None, **kwargs) -> int:
     return _bag_backward(grad, indices, mode, per_sample_weights)
+
+
+@register_bytes(*_packets("_embedding_bag", "_embedding_bag_forward_only"))
+def embedding_bag_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    """Indices, offsets and per-sample weights, the rows gathered (one per index: a table of
+    millions of rows is not read whole) and the outputs written."""
+    weight, indices = args[0], args[1]
+    row = (weight.shape[-1] if weight.dim() else 1) * weight.element_size()
+    inputs = [t for t in tensors((args[1:], kwargs))]
+    return sum(tensor_bytes(t) for t in inputs) + numel(indices) * row + sum(tensor_bytes(t) for t in tensors(out))
+
+
+@register_bytes(*_packets("embedding_renorm_"))
+def embedding_renorm_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    """The referenced rows read and rewritten in place, and the indices."""
+    weight, indices = args[0], args[1]
+    return tensor_bytes(indices) + 2 * numel(indices) * (weight.shape[-1] if weight.dim() else 1) * weight.element_size()
 
 
 @register_flops(*_packets("_embedding_bag_per_sample_weights_backward"))

@@ -119,6 +119,11 @@ def test_embedding_bags_by_hand():
         costs = grad_step(lambda w: F.embedding_bag(idx, w, offs, mode=mode), weight)
         assert only(costs, "aten::_embedding_bag").flops == 7 * 4 * per_gathered + 2 * 4 * per_out
         assert only(costs, "aten::_embedding_bag_backward").flops == 7 * 4 * (2 if mode == "mean" else 1)
+    table = torch.randn(100_000, 4)  # a big table is not read whole: 7 rows of 16 bytes
+    row = only(costs_of(lambda: F.embedding_bag(idx, table, offs, mode="sum")), "aten::_embedding_bag_forward_only")
+    # indices and offsets (int64), the 7 rows, the bags [2, 4] fp32, offset2bag [0], bag_size and
+    # max_indices [2] (int64)
+    assert row.bytes_moved == (7 + 2) * 8 + 7 * 16 + 2 * 4 * 4 + 2 * 2 * 8
     psw = torch.rand(7, requires_grad=True)
     costs = grad_step(lambda w, p: F.embedding_bag(idx, w, offs, mode="sum", per_sample_weights=p), weight, psw)
     assert only(costs, "aten::_embedding_bag").flops == 2 * 7 * 4
