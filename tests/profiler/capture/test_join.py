@@ -271,3 +271,11 @@ def test_new_zeros_and_zeros_align():
     got, stats = _joined([("aten::zeros", 0, 5), ("aten::scatter_", 10, 5)],
                          [("aten::new_zeros", 0), ("aten::scatter", 3)])
     assert stats.match_rate == 1.0 and got[1] == 3
+
+
+def test_index_put_and_its_real_run_form_align():
+    """Indexing's backward: under the recorder's mode index_put, in the real run _unsafe_index_put,
+    which the profiler shows as _index_put_impl_ (Falcon's training joined 98.6% for it)."""
+    got, stats = _joined([("aten::new_zeros", 0, 5), ("aten::_index_put_impl_", 10, 5)],
+                         [("aten::new_zeros", 0), ("aten::index_put", 2)])
+    assert stats.match_rate == 1.0 and got[1] == 2
