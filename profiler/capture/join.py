@@ -13,7 +13,8 @@ recorded step, the same program every step) is matched greedily in order:
 - candidates and recorded ops are aligned in order by name (`align`: walk together, resynchronise
   after a mismatch at the smallest skip that agrees for a few names), so an op present on one
   side only is one miss, never a shift of everything after it; an in-place and an out-of-place
-  form align (`canonical`), and so do new_zeros and zeros, index_put and _index_put_impl_;
+  form align (`canonical`), and so do new_zeros and zeros, index_put and _index_put_impl_,
+  max_pool1d and the max_pool2d_with_indices it runs as under the recorder;
 - a recorded op left unmatched whose neighbour matched an op that nests one of its name (the
   clone an in-place op's autograd kernel makes, which the recorder sees beside it) is matched to
   that nested row (`nested_matches`);
@@ -88,9 +89,11 @@ def _steps_of(events: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
 # Ops that do the same work under two names: a composite picks the other one under a dispatch mode
 # (which makes every tensor "subclass-like": topk's backward zeros its gradient with new_zeros
 # there, indexing's backward calls index_put where the real run's _unsafe_index_put shows as
-# _index_put_impl_). Keys and values as `canonical` leaves them (in-place underscore dropped).
+# _index_put_impl_, max_pool1d in inference takes its with-indices 2-D path). Keys and values as
+# `canonical` leaves them (in-place underscore dropped).
 SAME_WORK = {"aten::new_zeros": "aten::zeros", "aten::new_ones": "aten::ones", "aten::new_full": "aten::full",
-             "aten::_index_put_impl": "aten::index_put", "aten::_unsafe_index_put": "aten::index_put"}
+             "aten::_index_put_impl": "aten::index_put", "aten::_unsafe_index_put": "aten::index_put",
+             "aten::max_pool1d": "aten::max_pool2d_with_indices"}  # 1-D pooling on an unsqueezed input
 
 
 def canonical(name: str) -> str:

@@ -279,3 +279,9 @@ def test_index_put_and_its_real_run_form_align():
     got, stats = _joined([("aten::new_zeros", 0, 5), ("aten::_index_put_impl_", 10, 5)],
                          [("aten::new_zeros", 0), ("aten::index_put", 2)])
     assert stats.match_rate == 1.0 and got[1] == 2
+
+
+def test_max_pool1d_aligns_with_the_2d_pool_it_runs_as_under_the_recorder():
+    got, stats = _joined([("aten::max_pool1d", 0, 5), ("aten::mean", 10, 5)],
+                         [("aten::max_pool2d_with_indices", 7), ("aten::mean", 1)])
+    assert stats.match_rate == 1.0 and got[0] == 7
