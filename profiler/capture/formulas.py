@@ -96,6 +96,20 @@ def _first_out(out: Any) -> Any:
     return out[0] if isinstance(out, (tuple, list)) and out else out
 
 
+def per_input(per: float) -> FlopFn:
+    """A formula of `per` FLOPs per element of the op's first argument."""
+    def flops(x, *args, out_val=None, **kwargs) -> int:
+        return int(per * numel(x))
+    return flops
+
+
+def per_output(per: float) -> FlopFn:
+    """A formula of `per` FLOPs per element of the op's (first) output."""
+    def flops(*args, out_val=None, **kwargs) -> int:
+        return int(per * numel(_first_out(out_val)))
+    return flops
+
+
 # --- pointwise and reductions (generic by aten tag) -------------------------------------------
 
 POINTWISE_FLOPS: dict[str, float] = {

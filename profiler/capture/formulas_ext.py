@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from profiler.capture.formulas import FLOP_FORMULAS, _first_out, _packets, aten, numel, register_flops, tensors
+from profiler.capture.formulas import (FLOP_FORMULAS, _first_out, _packets, aten, numel, per_input, per_output,
+                                       register_flops, tensors)
 
 
 def _grouped_extent(offs: Any, full: int) -> int:
@@ -76,27 +77,15 @@ def scaled_grouped_mm_flops(a, b, scale_a=None, scale_b=None, offs=None, *args, 
     return grouped_mm_flops(a, b, offs)
 
 
-def _per_input(per: float):
-    def flops(x, *args, out_val=None, **kwargs) -> int:
-        return int(per * numel(x))
-    return flops
-
-
-def _per_output(per: float):
-    def flops(*args, out_val=None, **kwargs) -> int:
-        return int(per * numel(_first_out(out_val)))
-    return flops
-
-
-register_flops(*_packets("cumsum", "cumsum_", "cumprod", "cumprod_", "histc", "bincount"))(_per_input(1))
-register_flops(*_packets("logcumsumexp"))(_per_input(3))
-register_flops(*_packets("floor_divide", "floor_divide_"))(_per_output(1))
-register_flops(*_packets("polar"))(_per_output(4))
-register_flops(*_packets("glu"))(_per_output(5))
-register_flops(*_packets("log_sigmoid_forward"))(_per_output(4))
-register_flops(*_packets("hardsigmoid_backward"))(_per_output(2))
-register_flops(*_packets("softplus_backward", "log_sigmoid_backward"))(_per_output(6))
-register_flops(*_packets("mish_backward"))(_per_output(14))
+register_flops(*_packets("cumsum", "cumsum_", "cumprod", "cumprod_", "histc", "bincount"))(per_input(1))
+register_flops(*_packets("logcumsumexp"))(per_input(3))
+register_flops(*_packets("floor_divide", "floor_divide_"))(per_output(1))
+register_flops(*_packets("polar"))(per_output(4))
+register_flops(*_packets("glu"))(per_output(5))
+register_flops(*_packets("log_sigmoid_forward"))(per_output(4))
+register_flops(*_packets("hardsigmoid_backward"))(per_output(2))
+register_flops(*_packets("softplus_backward", "log_sigmoid_backward"))(per_output(6))
+register_flops(*_packets("mish_backward"))(per_output(14))
 
 
 @register_flops(*_packets("glu_backward"))
@@ -224,7 +213,7 @@ def addr_flops(x, vec1, vec2, *args, out_val=None, **kwargs) -> int:
     return 2 * numel(vec1) * numel(vec2)
 
 
-register_flops(*_packets("linalg_cross"))(_per_output(3))
+register_flops(*_packets("linalg_cross"))(per_output(3))
 
 
 @register_flops(*_packets("_cdist_forward"))
@@ -239,7 +228,7 @@ def amp_unscale_flops(grads, found_inf, inv_scale, *args, out_val=None, **kwargs
     return sum(numel(g) for g in grads if isinstance(g, torch.Tensor))
 
 
-register_flops(*_packets("_amp_update_scale_", "_amp_update_scale"))(_per_input(2))
+register_flops(*_packets("_amp_update_scale_", "_amp_update_scale"))(per_input(2))
 
 
 # ---------------------------------------------------------------- dense linear algebra (LAPACK counts)

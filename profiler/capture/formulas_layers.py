@@ -58,7 +58,8 @@ from typing import Any, Sequence
 
 import torch
 
-from profiler.capture.formulas import _first_out, _packets, numel, register_bytes, register_flops, tensor_bytes, tensors
+from profiler.capture.formulas import (_first_out, _packets, numel, per_input, per_output, register_bytes,
+                                       register_flops, tensor_bytes, tensors)
 
 # ---------------------------------------------------------------- recurrent layers
 CELL_FLOPS = {4: 18, 3: 15, 1: 1}  # gates -> pointwise FLOPs per hidden unit per token (LSTM, GRU, RNN)
@@ -332,12 +333,6 @@ def weight_norm_backward_flops(grad_w, v, g, norms, dim, *args, out_val=None, **
 
 
 # ---------------------------------------------------------------- losses
-def _per_first(per: float):
-    def flops(x, *args, out_val=None, **kwargs) -> int:
-        return int(per * numel(x))
-    return flops
-
-
 def _per_second(per: float):
     """Backward losses: (grad_output, self, ...) counted per element of self."""
     def flops(grad, x, *args, out_val=None, **kwargs) -> int:
@@ -345,16 +340,16 @@ def _per_second(per: float):
     return flops
 
 
-register_flops(*_packets("smooth_l1_loss", "huber_loss"))(_per_first(5))
+register_flops(*_packets("smooth_l1_loss", "huber_loss"))(per_input(5))
 register_flops(*_packets("smooth_l1_loss_backward", "huber_loss_backward"))(_per_second(4))
-register_flops(*_packets("binary_cross_entropy"))(_per_first(5))
-register_flops(*_packets("binary_cross_entropy_with_logits"))(_per_first(7))
+register_flops(*_packets("binary_cross_entropy"))(per_input(5))
+register_flops(*_packets("binary_cross_entropy_with_logits"))(per_input(7))
 register_flops(*_packets("binary_cross_entropy_backward"))(_per_second(4))
-register_flops(*_packets("soft_margin_loss"))(_per_first(4))
+register_flops(*_packets("soft_margin_loss"))(per_input(4))
 register_flops(*_packets("soft_margin_loss_backward"))(_per_second(5))
-register_flops(*_packets("multi_margin_loss"))(_per_first(4))
+register_flops(*_packets("multi_margin_loss"))(per_input(4))
 register_flops(*_packets("multi_margin_loss_backward"))(_per_second(2))
-register_flops(*_packets("multilabel_margin_loss_forward"))(_per_first(4))
+register_flops(*_packets("multilabel_margin_loss_forward"))(per_input(4))
 register_flops(*_packets("multilabel_margin_loss_backward"))(_per_second(2))
 
 
@@ -388,7 +383,7 @@ def cdist_backward_flops(grad, x1, x2, *args, out_val=None, **kwargs) -> int:
     return 6 * x1.shape[-1] * numel(grad)
 
 
-register_flops(*_packets("dist"))(_per_first(3))
+register_flops(*_packets("dist"))(per_input(3))
 register_flops(*_packets("trace"))(lambda x, *a, out_val=None, **k: min(x.shape[-2:]) if x.dim() >= 2 else 0)
 
 
@@ -403,16 +398,10 @@ def embedding_renorm_flops(weight, indices, *args, out_val=None, **kwargs) -> in
     return 3 * numel(indices) * (weight.shape[-1] if weight.dim() else 1)
 
 
-def _per_out(per: float):
-    def flops(*args, out_val=None, **kwargs) -> int:
-        return int(per * sum(numel(t) for t in tensors(out_val)))
-    return flops
-
-
-register_flops(*_packets("linspace"))(_per_out(2))
-register_flops(*_packets("logspace"))(_per_out(3))
-register_flops(*_packets("hann_window", "hamming_window"))(_per_out(3))
-register_flops(*_packets("blackman_window"))(_per_out(5))
+register_flops(*_packets("linspace"))(per_output(2))
+register_flops(*_packets("logspace"))(per_output(3))
+register_flops(*_packets("hann_window", "hamming_window"))(per_output(3))
+register_flops(*_packets("blackman_window"))(per_output(5))
 
 
 # ---------------------------------------------------------------- nn.Transformer's inference fast path
