@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import signal
 import traceback
 from pathlib import Path
@@ -150,9 +151,11 @@ def capture_isolated(spec: str, plan: CapturePlan, out_dir: str | Path, *, size:
                 heartbeat()
                 continue
             try:
-                msg = recv_end.recv()
+                raw = recv_end.recv_bytes()  # an exception a signal handler raises meanwhile (a timeout) is its own
             except EOFError:
                 break
+            try:
+                msg = pickle.loads(raw)
             except Exception as exc:  # a message that does not unpickle here
                 answered = True
                 raise CaptureError(f"spec {spec!r}: unreadable message from the capture process: {first_line(exc)}") from None

@@ -124,3 +124,40 @@ def test_a_heartbeat_that_raises_ends_a_hanging_capture_and_its_process(tmp_path
         capture_isolated(spec, PLAN, tmp_path / "out", heartbeat=heartbeat)
     assert time.monotonic() - t0 < 30 and beats
     assert gone(int(pid_file.read_text()))
+
+
+class TimedOut(Exception):
+    """What a caller's SIGALRM handler raises (benchmarks/hf_sweep.py's per-model timeout)."""
+
+
+def test_an_exception_raised_by_a_signal_handler_during_the_wait_is_not_an_unreadable_message(tmp_path):
+    """It came out as "unreadable message from the capture process: " (the sweep's timeout firing
+    while the parent waited for a message), and the child then died of a broken pipe."""
+    import signal
+
+    body = "import time\ndef build():\n    time.sleep(60)\n"
+    spec = f"{write(tmp_path, 'slow.py', body)}:build"
+
+    def on_alarm(signum, frame):
+        raise TimedOut("the sweep's timeout")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(3)
+    try:
+        with pytest.raises(TimedOut):
+            capture_isolated(spec, PLAN, tmp_path / "out")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_message_that_does_not_unpickle_is_one_line(tmp_path, monkeypatch):
+    from profiler.capture import isolated
+    from profiler.capture.backends import CaptureError
+
+    def broken(raw):
+        raise pickle.UnpicklingError("invalid load key, 'x'")
+
+    monkeypatch.setattr(isolated.pickle, "loads", broken)
+    with pytest.raises(CaptureError, match=r"^spec 'mlp': unreadable message from the capture process: invalid load key"):
+        capture_isolated("mlp", PLAN, tmp_path / "out", size="tiny")
