@@ -140,7 +140,8 @@ def pointwise_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         per = GELU_FLOPS.get(str(kwargs.get("approximate", args[-1] if isinstance(args[-1], str) else "none")), 5)
         per *= 2 if name == "gelu_backward" else 1
     else:
-        per = tabled_pointwise(name) or 1
+        tabled = tabled_pointwise(name)
+        per = 1 if tabled is None else tabled  # 0 for data movement: not "or 1"
     return int(per * sum(numel(t) for t in tensors(out)))
 
 

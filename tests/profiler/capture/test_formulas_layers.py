@@ -176,6 +176,9 @@ def test_activations_in_place_or_untagged_count_their_table_entry():
                             (lambda: torch.sigmoid_(x.clone()), "aten::sigmoid_", 4),
                             (lambda: F.hardswish(x), "aten::hardswish", 4)):
         assert only(costs_of(call), name).flops == per * 32, name
+    mask = torch.rand(4, 8) > 0.5  # the table's zeros stay 0 (tagged pointwise data movement)
+    assert only(costs_of(lambda: torch.logical_not(mask)), "aten::logical_not").flops == 0
+    assert only(costs_of(lambda: torch.bitwise_not(mask)), "aten::bitwise_not").flops == 0
     xg = torch.randn(4, 8, requires_grad=True)
     for fn, name, per in ((F.relu6, "aten::hardtanh_backward", 1), (F.leaky_relu, "aten::leaky_relu_backward", 2),
                           (F.elu, "aten::elu_backward", 6)):
