@@ -14,7 +14,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 # kernel benchmarks, which add a "liger" variant when it imports.
 GPU_WHEELS := msgspec==0.23.0 orjson==3.13.0 cupti-python==13.0.1 liger-kernel==0.8.5
 
-.PHONY: gpu-wheels run test fuzz fuzz-triton fuzz-trace install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build bench-compiled bench-dispatch triton-aot clean
+.PHONY: gpu-wheels run test fuzz fuzz-triton fuzz-trace fuzz-capture install install-dev chromium bench bench-ingest bench-analyses bench-kernels bench-capture bench-build bench-compiled bench-dispatch triton-aot clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ fuzz-triton: $(DEVSTAMP)
 # FUZZ_SECONDS, FUZZ_SEED).
 fuzz-trace: $(DEVSTAMP)
 	$(PY) -m tests.profiler.trace.fuzz_ingest --seconds $${FUZZ_SECONDS:-300} $${FUZZ_SEED:+--seed $$FUZZ_SEED}
+
+# Random small models (layers of images and sequences, a loss, train or infer) through a real
+# capture: every op counted and joined (5 minutes; FUZZ_SECONDS, FUZZ_SEED).
+fuzz-capture: $(DEVSTAMP)
+	$(PY) -m tests.profiler.capture.fuzz_capture --seconds $${FUZZ_SECONDS:-300} $${FUZZ_SEED:+--seed $$FUZZ_SEED}
 
 bench: bench-ingest bench-analyses bench-kernels bench-capture
 

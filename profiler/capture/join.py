@@ -104,13 +104,20 @@ def canonical(name: str) -> str:
     return SAME_WORK.get(name, name)
 
 
+def _allocates(name: str) -> bool:
+    """An allocation: what a functional op wrapping its own out= overload makes first
+    (aten::soft_margin_loss -> aten::empty, aten::soft_margin_loss.out)."""
+    return name.split("::")[-1].startswith(("empty", "new_empty", "resize"))
+
+
 def same_name_wrappers(names: list[str], ts: np.ndarray, end: np.ndarray, tid: np.ndarray,
                        wanted: set[str]) -> set[int]:
     """Rows that run another overload of their own op beside other recorded ops, as direct
     children on the same thread: a composite the recorder sees decomposed (aten::where with a
     scalar makes an aten::scalar_tensor and calls aten::where.self). A row whose only recorded
-    child is its own name (aten::arange calling arange.start_out) is an op the recorder sees
-    whole. Rows sorted by start."""
+    children are its own name and allocations (aten::arange calling arange.start_out, a
+    functional op allocating its output for its out= overload) is an op the recorder sees whole.
+    Rows sorted by start."""
     stacks: dict[int, list[int]] = {}
     same: set[int] = set()
     other: set[int] = set()
@@ -122,7 +129,7 @@ def same_name_wrappers(names: list[str], ts: np.ndarray, end: np.ndarray, tid: n
             parent = stack[-1]
             if names[parent] == name:
                 same.add(parent)
-            elif name in wanted:
+            elif name in wanted and not _allocates(name):
                 other.add(parent)
         stack.append(j)
     return same & other

@@ -285,3 +285,14 @@ def test_max_pool1d_aligns_with_the_2d_pool_it_runs_as_under_the_recorder():
     got, stats = _joined([("aten::max_pool1d", 0, 5), ("aten::mean", 10, 5)],
                          [("aten::max_pool2d_with_indices", 7), ("aten::mean", 1)])
     assert stats.match_rate == 1.0 and got[0] == 7
+
+
+def test_a_functional_op_around_its_out_overload_is_matched_whole():
+    """aten::soft_margin_loss allocates (aten::empty) and calls soft_margin_loss.out: not a
+    composite the recorder sees decomposed, even when it records an aten::empty elsewhere (the
+    fuzzer's seed 1002: a batch norm's)."""
+    rows = [("aten::empty", 0, 2), ("aten::ones_like", 10, 5), ("aten::soft_margin_loss", 20, 30),
+            ("aten::empty", 21, 1), ("aten::soft_margin_loss", 23, 25), ("aten::mean", 60, 5)]
+    got, stats = _joined(rows, [("aten::empty", 0), ("aten::ones_like", 0), ("aten::soft_margin_loss", 9),
+                                ("aten::mean", 1)])
+    assert stats.match_rate == 1.0 and got[2] == 9 and np.isnan(got[4])
