@@ -174,16 +174,20 @@ def embedding_bag_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     """Indices, offsets and per-sample weights, the rows gathered (one per index: a table of
     millions of rows is not read whole) and the outputs written."""
     weight, indices = args[0], args[1]
-    row = (weight.shape[-1] if weight.dim() else 1) * weight.element_size()
-    inputs = [t for t in tensors((args[1:], kwargs))]
-    return sum(tensor_bytes(t) for t in inputs) + numel(indices) * row + sum(tensor_bytes(t) for t in tensors(out))
+    return (sum(tensor_bytes(t) for t in tensors((args[1:], kwargs))) + _rows_bytes(weight, indices)
+            + sum(tensor_bytes(t) for t in tensors(out)))
 
 
 @register_bytes(*_packets("embedding_renorm_"))
 def embedding_renorm_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     """The referenced rows read and rewritten in place, and the indices."""
     weight, indices = args[0], args[1]
-    return tensor_bytes(indices) + 2 * numel(indices) * (weight.shape[-1] if weight.dim() else 1) * weight.element_size()
+    return tensor_bytes(indices) + 2 * _rows_bytes(weight, indices)
+
+
+def _rows_bytes(weight: torch.Tensor, indices: torch.Tensor) -> int:
+    """One table row per index (repeats counted: the kernels read them again)."""
+    return numel(indices) * (weight.shape[-1] if weight.dim() else 1) * weight.element_size()
 
 
 @register_flops(*_packets("_embedding_bag_per_sample_weights_backward"))
